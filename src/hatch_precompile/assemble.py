@@ -1,0 +1,88 @@
+"""Wheel assembly: the `_precompiled/` folder, the manifest, the tag and the pins.
+
+Nothing here imports torch: what the build environment holds is read from
+installed distributions' metadata, which is cheap and is also what pip sees.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from packaging.tags import sys_tags
+from packaging.version import Version
+
+from . import __version__
+from .runtime import MANIFEST_FORMAT
+
+RUNTIME_DIR = Path(__file__).parent / "runtime"
+# The files of `runtime/` that go into every wheel, as `<package>/_precompiled/<name>`.
+RUNTIME_FILES = ("__init__.py", "_torch_private.py")
+PRECOMPILED_DIR = "_precompiled"
+SAFETENSORS_REQUIREMENT = "safetensors>=0.4"
+
+
+def torch_version() -> str:
+    """The full version of the torch in the build environment, e.g. '2.13.0+cpu'."""
+    return importlib.metadata.version("torch")
+
+
+def runtime_requirements(uses_embedded_weights: bool) -> list[str]:
+    """Requires-Dist lines: the exact torch release built with (no local label), safetensors."""
+    requirements = [f"torch=={Version(torch_version()).public}"]
+    if uses_embedded_weights:
+        requirements.append(SAFETENSORS_REQUIREMENT)
+    return requirements
+
+
+def wheel_tag() -> str:
+    """This interpreter's tag with torch's platform tag: the artifacts run where that torch runs."""
+    interpreter = next(iter(sys_tags()))
+    return f"{interpreter.interpreter}-{interpreter.abi}-{_torch_platform_tag() or interpreter.platform}"
+
+
+def _torch_platform_tag() -> str | None:
+    wheel_file = importlib.metadata.distribution("torch").read_text("WHEEL") or ""
+    for line in wheel_file.splitlines():
+        if line.startswith("Tag:"):
+            return line.split(":", 1)[1].strip().split("-")[-1]
+    return None  # torch built from source: no wheel tag to follow
+
+
+def file_record(path: Path) -> dict[str, Any]:
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return {"size": path.stat().st_size, "sha256": digest.hexdigest()}
+
+
+def assemble(staging: Path, package: str, fallback: dict[str, str], entries: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """Complete `staging` (one sub-folder of files per model, already written by the
+    workers) with the loader and the manifest. Returns force_include's mapping of
+    source file to path in the wheel."""
+    for name in RUNTIME_FILES:
+        shutil.copyfile(RUNTIME_DIR / name, staging / name)
+
+    models = {}
+    for model, entry in entries.items():
+        model_dir = staging / model
+        entry = {**entry, "fallback": fallback[model]}
+        entry["weights"] = {**entry["weights"], "file": f"{model}/{entry['weights']['file']}"}
+        entry["weights"].update(file_record(staging / entry["weights"]["file"]))
+        entry["artifacts"] = [
+            {**a, "file": f"{model}/{a['file']}", **file_record(model_dir / a["file"])} for a in entry["artifacts"]
+        ]
+        models[model] = entry
+    manifest = {"format": MANIFEST_FORMAT, "built_by": f"hatch-precompile {__version__}", "package": package, "models": models}
+    (staging / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+
+    shipped = [staging / "manifest.json", *(staging / n for n in RUNTIME_FILES)]
+    for entry in models.values():
+        shipped.append(staging / entry["weights"]["file"])
+        shipped.extend(staging / a["file"] for a in entry["artifacts"])
+    return {str(path): f"{package}/{PRECOMPILED_DIR}/{path.relative_to(staging).as_posix()}" for path in shipped}

@@ -1,0 +1,233 @@
+"""Build a model from its factory, make example inputs, and capture it with torch.export.
+
+Runs in the compile worker (it imports torch and the project's code). The result
+names every user input and says which of its sizes are static and which are the
+declared dims, so the loader can check calls without torch's help.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .errors import ModelBuildError
+from .runtime._torch_private import treespec_to_json
+
+
+@dataclass
+class Captured:
+    module: torch.nn.Module
+    exported: torch.export.ExportedProgram
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    input_tree: dict[str, Any]
+    input_leaves: list[dict[str, Any]]  # name, dtype, device, shape (ints and dim names)
+
+
+def import_object(model: str, key: str, spec: str) -> Any:
+    module_name, _, attribute = spec.partition(":")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except Exception as error:
+        raise ModelBuildError(
+            model, f"importing {key} = {spec!r}", f"cannot import module {module_name!r}: {_one_line(error)}"
+        ) from None
+    for part in attribute.split("."):
+        if not hasattr(target, part):
+            raise ModelBuildError(
+                model, f"importing {key} = {spec!r}", f"{getattr(target, '__name__', target)!r} has no attribute {part!r}"
+            )
+        target = getattr(target, part)
+    if not callable(target):
+        raise ModelBuildError(model, f"importing {key} = {spec!r}", f"expected a callable, found {type(target).__name__}")
+    return target
+
+
+def build_module(model: dict[str, Any]) -> torch.nn.Module:
+    factory = import_object(model["name"], "factory", model["factory"])
+    try:
+        module = factory()
+    except Exception:
+        raise ModelBuildError(model["name"], f"calling factory {model['factory']!r}", traceback.format_exc()) from None
+    if not isinstance(module, torch.nn.Module):
+        raise ModelBuildError(
+            model["name"],
+            f"calling factory {model['factory']!r}",
+            f"expected it to return a torch.nn.Module, got {type(module).__module__}.{type(module).__qualname__}",
+        )
+    return module.eval()
+
+
+def capture(model: dict[str, Any]) -> Captured:
+    """Export the model so that exactly the declared dims are dynamic."""
+    name = model["name"]
+    module = build_module(model)
+    if model["example_inputs"]:
+        args, kwargs = _example_inputs_from_callable(model)
+        arg_dims, kwarg_dims = _dims_from_axes(model, args, kwargs)
+    else:
+        args, kwargs, arg_dims, kwarg_dims = _example_inputs_from_shapes(model)
+
+    export_dims = {d: torch.export.Dim(d, min=spec["min"], max=spec["max"]) for d, spec in model["dims"].items()}
+
+    def dynamic(axes: dict[int, str]) -> dict[int, Any] | None:
+        return {axis: export_dims[d] for axis, d in axes.items()} or None
+
+    try:
+        bound = inspect.signature(module.forward).bind(
+            *[dynamic(a) for a in arg_dims], **{k: dynamic(a) for k, a in kwarg_dims.items()}
+        )
+    except TypeError as error:
+        raise ModelBuildError(name, "matching inputs to forward()", f"the declared inputs do not fit forward(): {error}") from None
+    try:
+        with torch.no_grad():
+            exported = torch.export.export(module, args, kwargs, dynamic_shapes=dict(bound.arguments) or None)
+            exported = exported.run_decompositions()
+    except Exception as error:
+        raise ModelBuildError(name, "capturing with torch.export", _torch_error(error)) from None
+
+    positional_names = list(bound.arguments)[: len(args)]
+    input_tree = treespec_to_json(exported.call_spec.in_spec)
+    leaves = _name_leaves(input_tree, (args, kwargs), positional_names)
+    dims_of = {("args", i): arg_dims[i] for i in range(len(args))} | {("kwargs", k): d for k, d in kwarg_dims.items()}
+    input_leaves = [
+        {
+            "name": leaf_name,
+            "dtype": str(value.dtype).removeprefix("torch."),
+            "device": value.device.type,
+            "shape": [dims_of.get(top, {}).get(axis, size) if nested is False else size for axis, size in enumerate(value.shape)],
+        }
+        for leaf_name, top, nested, value in leaves
+    ]
+    return Captured(module, exported, args, kwargs, input_tree, input_leaves)
+
+
+def _name_leaves(tree: dict[str, Any], call: tuple, positional_names: list[str]) -> list[tuple[str, Any, bool, Any]]:
+    """(name, top-level input, is nested, tensor) for each leaf, in the compiled order."""
+    leaves: list[tuple[str, Any, bool, Any]] = []
+
+    def walk(spec: dict[str, Any], value: Any, name: str, top: Any, nested: bool) -> None:
+        if spec["type"] == "leaf":
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(f"input {name} is a {type(value).__name__}; only tensor inputs are supported yet")
+            leaves.append((name, top, nested, value))
+            return
+        keys = spec.get("keys", range(len(spec["children"])))
+        for key, child in zip(keys, spec["children"]):
+            suffix = f"[{key!r}]" if spec["type"] == "dict" else f"[{key}]"
+            walk(child, value[key], name + suffix, top, True)
+
+    args_spec, kwargs_spec = tree["children"]
+    for i, (child, value) in enumerate(zip(args_spec["children"], call[0])):
+        walk(child, value, positional_names[i], ("args", i), False)
+    for key, child in zip(kwargs_spec.get("keys", []), kwargs_spec["children"]):
+        walk(child, call[1][key], key, ("kwargs", key), False)
+    return leaves
+
+
+_DTYPES = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "int16": torch.int16,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+    "bool": torch.bool,
+}
+
+
+def _example_inputs_from_shapes(model: dict[str, Any]) -> tuple[tuple, dict, list[dict[int, str]], dict[str, dict[int, str]]]:
+    static_sizes = {s for spec in [*model["args"], *model["kwargs"].values()] for s in spec["shape"] if isinstance(s, int)}
+    example_size = {d: _example_size(spec["min"], spec["max"], static_sizes) for d, spec in model["dims"].items()}
+    generator = torch.Generator().manual_seed(0)
+
+    def make(spec: dict[str, Any]) -> tuple[torch.Tensor, dict[int, str]]:
+        shape = [example_size[s] if isinstance(s, str) else s for s in spec["shape"]]
+        dims = {axis: s for axis, s in enumerate(spec["shape"]) if isinstance(s, str)}
+        return _random_tensor(shape, _DTYPES[spec["dtype"]], spec["range"], generator), dims
+
+    made_args = [make(spec) for spec in model["args"]]
+    made_kwargs = {key: make(spec) for key, spec in model["kwargs"].items()}
+    return (
+        tuple(t for t, _ in made_args),
+        {k: t for k, (t, _) in made_kwargs.items()},
+        [d for _, d in made_args],
+        {k: d for k, (_, d) in made_kwargs.items()},
+    )
+
+
+def _example_size(low: int, high: int, avoid: set[int]) -> int:
+    """A size in range that export will not specialise: not 0 or 1, and not equal to
+    a static size (export would otherwise assume the two are related)."""
+    for size in range(max(low, 2), high + 1):
+        if size not in avoid:
+            return size
+    return max(low, 2)
+
+
+def _random_tensor(shape: list[int], dtype: torch.dtype, value_range: list[float], generator: torch.Generator) -> torch.Tensor:
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=generator).bool()
+    if dtype.is_floating_point:
+        values = torch.rand(shape, generator=generator) if value_range else torch.randn(shape, generator=generator)
+        if value_range:
+            values = value_range[0] + values * (value_range[1] - value_range[0])
+        return values.to(dtype)
+    low, high = value_range or (0, 2)
+    return torch.randint(int(low), int(high), shape, generator=generator, dtype=dtype)
+
+
+def _example_inputs_from_callable(model: dict[str, Any]) -> tuple[tuple, dict]:
+    key = "example-inputs"
+    make = import_object(model["name"], key, model["example_inputs"])
+    try:
+        result = make()
+    except Exception:
+        raise ModelBuildError(model["name"], f"calling {key} {model['example_inputs']!r}", traceback.format_exc()) from None
+    if not (
+        isinstance(result, tuple)
+        and len(result) == 2
+        and isinstance(result[0], (tuple, list))
+        and isinstance(result[1], dict)
+    ):
+        raise ModelBuildError(
+            model["name"],
+            f"calling {key} {model['example_inputs']!r}",
+            f"expected it to return (args, kwargs): a tuple of a tuple and a dict, got {type(result).__name__}",
+        )
+    return tuple(result[0]), dict(result[1])
+
+
+def _dims_from_axes(model: dict[str, Any], args: tuple, kwargs: dict) -> tuple[list[dict[int, str]], dict[str, dict[int, str]]]:
+    arg_dims: list[dict[int, str]] = [{} for _ in args]
+    kwarg_dims: dict[str, dict[int, str]] = {k: {} for k in kwargs}
+    for dim, spec in model["dims"].items():
+        for which, axis in spec["axes"]:
+            where = f"tool.hatch.build.hooks.precompile.models.{model['name']}.dims.{dim}.axes"
+            value = (args[which] if which < len(args) else None) if isinstance(which, int) else kwargs.get(which)
+            if not isinstance(value, torch.Tensor) or axis >= value.dim():
+                found = "nothing" if value is None else f"a {type(value).__name__}" + (
+                    f" with {value.dim()} dims" if isinstance(value, torch.Tensor) else ""
+                )
+                raise ModelBuildError(
+                    model["name"], "reading example inputs", f"{where}: '{which}:{axis}' expects a tensor with an axis {axis}, found {found}"
+                )
+            (arg_dims[which] if isinstance(which, int) else kwarg_dims[which])[axis] = dim
+    return arg_dims, kwarg_dims
+
+
+def _torch_error(error: BaseException) -> str:
+    text = f"{type(error).__name__}: {error}".strip()
+    return text if len(text) < 4000 else text[:4000] + "\n... (truncated)"
+
+
+def _one_line(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"

@@ -1,0 +1,125 @@
+"""Compile a captured model, check it against eager, and write its files.
+
+Runs in the compile worker. Writes into `out_dir` the artifact and the weights
+(the compiled graph takes parameters, buffers and constants as call arguments,
+so they are stored once, as safetensors) and returns the model's manifest entry,
+less the file sizes and hashes, which the hook adds when it assembles the wheel.
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+import sysconfig
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .capture import Captured, _torch_error
+from .errors import ModelBuildError
+from .runtime import _torch_private
+
+# Compiled and eager float32 results differ by reassociation and fused math only.
+TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
+
+_LIFTED_KINDS = ("PARAMETER", "BUFFER", "CONSTANT_TENSOR")
+
+
+def compile_model(model: dict[str, Any], captured: Captured, out_dir: Path) -> dict[str, Any]:
+    name = model["name"]
+    exported = captured.exported
+    weight_names = [s.target for s in exported.graph_signature.input_specs if s.kind.name in _LIFTED_KINDS]
+    weights = [_lifted_tensor(exported, target) for target in weight_names]
+
+    try:
+        artifact = _torch_private.compile_exported(exported, model["options"])
+    except Exception as error:
+        raise ModelBuildError(name, "compiling with inductor", _torch_error(error)) from None
+
+    flat_inputs = _torch_private.tree_leaves((captured.args, captured.kwargs))
+    with torch.no_grad():
+        compiled_out = artifact(*weights, *flat_inputs)
+        eager_out = _torch_private.tree_leaves(captured.module(*captured.args, **captured.kwargs))
+    _check_matches_eager(name, compiled_out, eager_out)
+
+    artifact_file = out_dir / "cpu.bin"
+    _torch_private.save_artifact(artifact, str(artifact_file))
+    weights_file = out_dir / "weights.safetensors"
+    _save_weights(weight_names, weights, weights_file)
+
+    return {
+        "factory": model["factory"],
+        "inputs": {"tree": captured.input_tree, "leaves": captured.input_leaves},
+        "outputs": {
+            "tree": _torch_private.treespec_to_json(exported.call_spec.out_spec),
+            "leaves": _output_leaves(exported, captured),
+        },
+        "dims": {d: {"min": spec["min"], "max": spec["max"]} for d, spec in model["dims"].items()},
+        "weights": {"file": weights_file.name, "order": weight_names},
+        "artifacts": [
+            {
+                "file": artifact_file.name,
+                "device": "cpu",
+                "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                "built_with": build_environment(),
+            }
+        ],
+    }
+
+
+def build_environment() -> dict[str, str]:
+    """What an artifact depends on; the loader compares these with the running process."""
+    return {
+        "torch": torch.__version__,
+        "torch_git": torch.version.git_version,
+        "torch_key": _torch_private.torch_key().hex(),
+        "python": f"{sys.version_info.major}.{sys.version_info.minor}",
+        "platform": sysconfig.get_platform(),
+        "machine": platform.machine(),
+    }
+
+
+def _lifted_tensor(exported: torch.export.ExportedProgram, target: str) -> torch.Tensor:
+    tensor = exported.state_dict[target] if target in exported.state_dict else exported.constants[target]
+    return tensor.detach()
+
+
+def _save_weights(names: list[str], tensors: list[torch.Tensor], path: Path) -> None:
+    from safetensors.torch import save_file
+
+    # safetensors refuses tensors that share memory (tied weights, views): store copies.
+    save_file({n: t.contiguous().clone() for n, t in zip(names, tensors)}, str(path))
+
+
+def _check_matches_eager(name: str, compiled: list[Any], eager: list[Any]) -> None:
+    if len(compiled) != len(eager):
+        raise ModelBuildError(name, "checking against eager", f"{len(compiled)} compiled outputs, {len(eager)} eager ones")
+    for i, (c, e) in enumerate(zip(compiled, eager)):
+        if not torch.allclose(c, e, **TOLERANCE, equal_nan=True):
+            worst = (c.float() - e.float()).abs().max().item()
+            raise ModelBuildError(
+                name,
+                "checking against eager",
+                f"output {i} differs from the eager module by up to {worst:.3g} "
+                f"(tolerance rtol={TOLERANCE['rtol']}, atol={TOLERANCE['atol']}) on the example inputs",
+            )
+
+
+def _output_leaves(exported: torch.export.ExportedProgram, captured: Captured) -> list[dict[str, Any]]:
+    """Dtype and shape of each output, sizes named after the dims where they are one."""
+    placeholders = [n for n in exported.graph_module.graph.nodes if n.op == "placeholder"]
+    user_inputs = placeholders[len(placeholders) - len(captured.input_leaves) :]
+    dim_of_symbol = {
+        str(size): want
+        for node, leaf in zip(user_inputs, captured.input_leaves)
+        for size, want in zip(node.meta["val"].shape, leaf["shape"])
+        if isinstance(want, str)
+    }
+    output_node = next(iter(reversed(exported.graph_module.graph.nodes)))
+    leaves = []
+    for node in output_node.args[0]:
+        value = node.meta["val"]
+        shape = [s if isinstance(s, int) else dim_of_symbol.get(str(s), str(s)) for s in value.shape]
+        leaves.append({"dtype": str(value.dtype).removeprefix("torch."), "shape": shape})
+    return leaves

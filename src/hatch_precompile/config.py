@@ -1,0 +1,354 @@
+"""The `[tool.hatch.build.hooks.precompile]` table: one schema, validated in one pass.
+
+`parse_config` turns the raw table into frozen dataclasses or raises `ConfigError`
+listing every mistake at once, each with its full key path, what was expected and
+what was found. Nothing here imports torch: the hook is constructed just to ask
+for its dependencies, and a configuration error should not cost a torch import.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+TABLE = "tool.hatch.build.hooks.precompile"
+
+# Keys hatchling itself reads from every build-hook table.
+HATCHLING_KEYS = frozenset(
+    {"enable-by-default", "dependencies", "require-runtime-dependencies", "require-runtime-features"}
+)
+
+DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
+FALLBACKS = ("eager", "error")
+WEIGHTS = ("embed",)
+
+_MODEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+_PACKAGE_NAME = re.compile(r"^[A-Za-z_]\w*$")
+
+
+class ConfigError(ValueError):
+    """Every problem found in the configuration, one per line."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        lines = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(f"hatch-precompile: invalid configuration ({len(problems)} problem(s)):\n{lines}")
+
+
+@dataclass(frozen=True)
+class Dim:
+    """A named dynamic dimension; the compiled artifact accepts sizes in [min, max]."""
+
+    name: str
+    min: int
+    max: int
+    # Only for `example-inputs` models: where the dim sits, as (input, axis) with
+    # input a positional index (int) or keyword name (str).
+    axes: tuple[tuple[int | str, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class TensorInput:
+    """One declared example input: sizes are ints (static) or dim names (dynamic)."""
+
+    shape: tuple[int | str, ...]
+    dtype: str = "float32"
+    value_range: tuple[float, float] | None = None
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    factory: str
+    fallback: str
+    weights: str
+    args: tuple[TensorInput, ...] = ()
+    kwargs: dict[str, TensorInput] = field(default_factory=dict)
+    example_inputs: str | None = None
+    dims: dict[str, Dim] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """The plain-data form handed to the compile worker."""
+        return {
+            "name": self.name,
+            "factory": self.factory,
+            "example_inputs": self.example_inputs,
+            "args": [_input_json(i) for i in self.args],
+            "kwargs": {k: _input_json(i) for k, i in self.kwargs.items()},
+            "dims": {
+                d.name: {"min": d.min, "max": d.max, "axes": [list(a) for a in d.axes]} for d in self.dims.values()
+            },
+            "options": self.options,
+        }
+
+
+@dataclass(frozen=True)
+class PrecompileConfig:
+    package: str | None  # None: the project's single top-level package, found by the hook
+    fallback: str
+    models: dict[str, ModelConfig]
+
+
+def _input_json(spec: TensorInput) -> dict[str, Any]:
+    return {"shape": list(spec.shape), "dtype": spec.dtype, "range": list(spec.value_range or [])}
+
+
+class _Checker:
+    """Collects problems instead of stopping at the first one."""
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+
+    def fail(self, path: str, message: str) -> None:
+        self.problems.append(f"{path}: {message}")
+
+    def keys(self, table: dict[str, Any], path: str, allowed: Iterable[str]) -> None:
+        allowed = list(allowed)
+        for key in table:
+            if key not in allowed:
+                hint = difflib.get_close_matches(key, allowed, n=1)
+                suggestion = f"; did you mean `{hint[0]}`?" if hint else f"; expected one of: {', '.join(allowed)}"
+                self.fail(f"{path}.{key}", f"unknown key{suggestion}")
+
+    def table(self, value: Any, path: str) -> dict[str, Any] | None:
+        if isinstance(value, dict):
+            return value
+        self.fail(path, f"expected a table, found {_describe(value)}")
+        return None
+
+    def string(self, value: Any, path: str, pattern: re.Pattern[str] | None = None, what: str = "") -> str | None:
+        if not isinstance(value, str):
+            self.fail(path, f"expected a string{what and ' ' + what}, found {_describe(value)}")
+            return None
+        if pattern is not None and not pattern.match(value):
+            self.fail(path, f"expected {what}, found {value!r}")
+            return None
+        return value
+
+    def choice(self, value: Any, path: str, choices: tuple[str, ...]) -> str | None:
+        if value in choices:
+            return value
+        hint = difflib.get_close_matches(str(value), choices, n=1) if isinstance(value, str) else []
+        suggestion = f" (did you mean {hint[0]!r}?)" if hint else ""
+        self.fail(path, f"expected one of {', '.join(repr(c) for c in choices)}, found {_describe(value)}{suggestion}")
+        return None
+
+    def integer(self, value: Any, path: str, minimum: int) -> int | None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.fail(path, f"expected an integer >= {minimum}, found {_describe(value)}")
+            return None
+        if value < minimum:
+            self.fail(path, f"expected an integer >= {minimum}, found {value}")
+            return None
+        return value
+
+
+def _describe(value: Any) -> str:
+    kind = {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a float",
+        str: "a string",
+        list: "an array",
+        dict: "a table",
+    }.get(type(value), type(value).__name__)
+    shown = repr(value)
+    return f"{kind} {shown}" if len(shown) <= 60 else kind
+
+
+def parse_config(raw: dict[str, Any]) -> PrecompileConfig:
+    """Validate the hook's table (as hatchling hands it over) and return its typed form."""
+    check = _Checker()
+    check.keys(raw, TABLE, sorted({"package", "fallback", "models"} | HATCHLING_KEYS))
+
+    package = raw.get("package")
+    if package is not None:
+        package = check.string(package, f"{TABLE}.package", _PACKAGE_NAME, "an import package name such as 'my_pkg'")
+    fallback = check.choice(raw.get("fallback", "eager"), f"{TABLE}.fallback", FALLBACKS) or "eager"
+
+    models: dict[str, ModelConfig] = {}
+    raw_models = check.table(raw.get("models", {}), f"{TABLE}.models")
+    if raw_models is not None and not raw_models:
+        check.fail(f"{TABLE}.models", "no models declared; add a [tool.hatch.build.hooks.precompile.models.NAME] table")
+    for name, raw_model in (raw_models or {}).items():
+        path = f"{TABLE}.models.{name}"
+        if not _MODEL_NAME.match(name):
+            check.fail(path, f"model names must be Python identifiers (letters, digits, _), found {name!r}")
+        model_table = check.table(raw_model, path)
+        if model_table is not None:
+            model = _parse_model(check, name, model_table, path, fallback)
+            if model is not None:
+                models[name] = model
+
+    if check.problems:
+        raise ConfigError(check.problems)
+    return PrecompileConfig(package=package, fallback=fallback, models=models)
+
+
+_MODEL_KEYS = ("factory", "inputs", "kwargs", "example-inputs", "dims", "weights", "options", "fallback")
+
+
+def _parse_model(check: _Checker, name: str, raw: dict[str, Any], path: str, fallback: str) -> ModelConfig | None:
+    before = len(check.problems)
+    check.keys(raw, path, _MODEL_KEYS)
+
+    factory = None
+    if "factory" not in raw:
+        check.fail(f"{path}.factory", "missing; expected 'module:callable' returning the torch.nn.Module")
+    else:
+        factory = check.string(raw["factory"], f"{path}.factory", _IMPORT_PATH, "'module:callable'")
+
+    example_inputs = None
+    if "example-inputs" in raw:
+        example_inputs = check.string(raw["example-inputs"], f"{path}.example-inputs", _IMPORT_PATH, "'module:callable'")
+        for key in ("inputs", "kwargs"):
+            if key in raw:
+                check.fail(f"{path}.{key}", "cannot be combined with `example-inputs`; declare inputs one way")
+    elif "inputs" not in raw and "kwargs" not in raw:
+        check.fail(path, "declares no inputs; add `inputs = [{ shape = [...], dtype = \"...\" }]` or `example-inputs`")
+
+    args = tuple(
+        spec
+        for i, item in enumerate(_array(check, raw.get("inputs", []), f"{path}.inputs"))
+        if (spec := _parse_input(check, item, f"{path}.inputs[{i}]")) is not None
+    )
+    kwargs: dict[str, TensorInput] = {}
+    for key, item in (check.table(raw.get("kwargs", {}), f"{path}.kwargs") or {}).items():
+        if (spec := _parse_input(check, item, f"{path}.kwargs.{key}")) is not None:
+            kwargs[key] = spec
+
+    dims = _parse_dims(check, raw.get("dims", {}), f"{path}.dims", by_axes=example_inputs is not None)
+    _check_dims_used(check, path, args, kwargs, dims, by_axes=example_inputs is not None)
+
+    weights = check.choice(raw.get("weights", "embed"), f"{path}.weights", WEIGHTS)
+    options = check.table(raw.get("options", {}), f"{path}.options")
+    model_fallback = check.choice(raw.get("fallback", fallback), f"{path}.fallback", FALLBACKS)
+
+    if len(check.problems) > before or factory is None or weights is None or options is None:
+        return None
+    return ModelConfig(
+        name=name,
+        factory=factory,
+        fallback=model_fallback or fallback,
+        weights=weights,
+        args=args,
+        kwargs=kwargs,
+        example_inputs=example_inputs,
+        dims=dims,
+        options=options,
+    )
+
+
+def _array(check: _Checker, value: Any, path: str) -> list[Any]:
+    if isinstance(value, list):
+        return value
+    check.fail(path, f"expected an array, found {_describe(value)}")
+    return []
+
+
+def _parse_input(check: _Checker, raw: Any, path: str) -> TensorInput | None:
+    table = check.table(raw, path)
+    if table is None:
+        return None
+    before = len(check.problems)
+    check.keys(table, path, ("shape", "dtype", "range"))
+    shape: list[int | str] = []
+    if "shape" not in table:
+        check.fail(f"{path}.shape", "missing; expected an array of sizes (integers) and dim names (strings)")
+    for i, size in enumerate(_array(check, table.get("shape", []), f"{path}.shape")):
+        if isinstance(size, str):
+            shape.append(size)
+        elif (n := check.integer(size, f"{path}.shape[{i}]", minimum=1)) is not None:
+            shape.append(n)
+    dtype = check.choice(table.get("dtype", "float32"), f"{path}.dtype", DTYPES)
+    value_range = None
+    if "range" in table:
+        value_range = _parse_range(check, table["range"], f"{path}.range", dtype)
+    if len(check.problems) > before or dtype is None:
+        return None
+    return TensorInput(shape=tuple(shape), dtype=dtype, value_range=value_range)
+
+
+def _parse_range(check: _Checker, raw: Any, path: str, dtype: str | None) -> tuple[float, float] | None:
+    numbers = (
+        raw
+        if isinstance(raw, list) and len(raw) == 2 and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in raw)
+        else None
+    )
+    if numbers is None:
+        check.fail(path, f"expected [low, high] (two numbers), found {_describe(raw)}")
+        return None
+    if dtype == "bool":
+        check.fail(path, "a range makes no sense for dtype 'bool'; remove it")
+        return None
+    if not numbers[0] < numbers[1]:
+        check.fail(path, f"expected low < high, found {numbers}")
+        return None
+    return (numbers[0], numbers[1])
+
+
+def _parse_dims(check: _Checker, raw: Any, path: str, by_axes: bool) -> dict[str, Dim]:
+    dims: dict[str, Dim] = {}
+    for name, value in (check.table(raw, path) or {}).items():
+        dim_path = f"{path}.{name}"
+        table = check.table(value, dim_path)
+        if table is None:
+            continue
+        before = len(check.problems)
+        check.keys(table, dim_path, ("min", "max", "axes") if by_axes else ("min", "max"))
+        low = check.integer(table.get("min", 1), f"{dim_path}.min", minimum=1)
+        high = None
+        if "max" not in table:
+            check.fail(f"{dim_path}.max", "missing; a dynamic dim needs an upper bound (the loader checks it)")
+        else:
+            high = check.integer(table["max"], f"{dim_path}.max", minimum=2)
+        if low is not None and high is not None and low >= high:
+            check.fail(dim_path, f"expected min < max, found min={low}, max={high}; a fixed size belongs in `shape`")
+        axes = _parse_axes(check, table.get("axes"), f"{dim_path}.axes") if by_axes else ()
+        if len(check.problems) == before and low is not None and high is not None:
+            dims[name] = Dim(name=name, min=low, max=high, axes=axes)
+    return dims
+
+
+def _parse_axes(check: _Checker, raw: Any, path: str) -> tuple[tuple[int | str, int], ...]:
+    """`axes = ["0:0", "attention_mask:0"]`: input (index or keyword) and axis of each use."""
+    if raw is None:
+        check.fail(path, "missing; with `example-inputs`, say where each dim sits, e.g. axes = [\"0:0\", \"attention_mask:0\"]")
+        return ()
+    axes: list[tuple[int | str, int]] = []
+    for i, item in enumerate(_array(check, raw, path)):
+        match = re.fullmatch(r"(\d+|[A-Za-z_]\w*):(\d+)", item) if isinstance(item, str) else None
+        if match is None:
+            check.fail(f"{path}[{i}]", f"expected 'input:axis' such as '0:0' or 'attention_mask:0', found {_describe(item)}")
+            continue
+        which, axis = match.groups()
+        axes.append((int(which) if which.isdigit() else which, int(axis)))
+    return tuple(axes)
+
+
+def _check_dims_used(
+    check: _Checker,
+    path: str,
+    args: tuple[TensorInput, ...],
+    kwargs: dict[str, TensorInput],
+    dims: dict[str, Dim],
+    by_axes: bool,
+) -> None:
+    if by_axes:
+        return
+    used = [(f"{path}.inputs[{i}].shape", s) for i, spec in enumerate(args) for s in spec.shape]
+    used += [(f"{path}.kwargs.{k}.shape", s) for k, spec in kwargs.items() for s in spec.shape]
+    seen = set()
+    for where, size in used:
+        if isinstance(size, str):
+            seen.add(size)
+            if size not in dims:
+                declared = ", ".join(dims) or "none"
+                check.fail(where, f"uses dim {size!r}, which is not declared in {path}.dims (declared: {declared})")
+    for name in dims:
+        if name not in seen:
+            check.fail(f"{path}.dims.{name}", "declared but used in no input shape")

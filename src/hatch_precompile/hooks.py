@@ -1,0 +1,10 @@
+"""Registers the build hook with hatchling (entry-point group `hatch`)."""
+
+from hatchling.plugin import hookimpl
+
+from .plugin import PrecompileBuildHook
+
+
+@hookimpl
+def hatch_register_build_hook() -> type[PrecompileBuildHook]:
+    return PrecompileBuildHook

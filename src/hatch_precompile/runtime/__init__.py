@@ -1,0 +1,303 @@
+"""Loads the models that hatch-precompile compiled into this package.
+
+This file is written into wheels as `<package>/_precompiled/__init__.py` by the
+hatch-precompile build hook; keep the same copy in your source tree (run
+`python -m hatch_precompile init`) so that `from ._precompiled import load_compiled`
+works in a source checkout and an editable install too. It needs torch and the
+standard library only (safetensors when a model ships its weights).
+
+    from example_pkg import load_compiled
+    encoder = load_compiled("encoder")   # loads once per process, thread-safe
+    out = encoder(input_ids)             # same arguments and outputs as the module
+
+Beside this file, in a built wheel: `manifest.json` (what was compiled, for which
+torch, Python and platform, with file sizes and sha256) and one folder per model
+holding its compiled artifact(s) and weights.
+
+Where no shipped artifact fits (a source checkout, an editable install, a wheel
+built without the hook, another torch or Python), the model's `fallback` decides:
+"eager" builds the module with its factory and warns once; "error" raises
+`PrecompiledModelError`. Either way the message says why and how to get one.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+import threading
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+__all__ = ["load_compiled", "PrecompiledModelError", "PrecompiledFallbackWarning"]
+
+_HERE = Path(__file__).resolve().parent
+_MANIFEST = _HERE / "manifest.json"
+_CONFIG_TABLE = ("tool", "hatch", "build", "hooks", "precompile")
+MANIFEST_FORMAT = 1
+
+
+class PrecompiledModelError(RuntimeError):
+    """No shipped artifact can run here and the model's fallback policy is "error"."""
+
+
+class PrecompiledFallbackWarning(UserWarning):
+    """A model runs eagerly because no shipped artifact fits this process."""
+
+
+_lock = threading.Lock()
+_loaded: dict[str, Callable[..., Any]] = {}
+
+
+def load_compiled(name: str) -> Callable[..., Any]:
+    """Return the model `name`: compiled if a shipped artifact fits, else per its fallback.
+
+    Loads once per process; concurrent first calls wait for the one load.
+    """
+    with _lock:
+        if name not in _loaded:
+            _loaded[name] = _load(name)
+        return _loaded[name]
+
+
+def _load(name: str) -> Callable[..., Any]:
+    manifest = _read_manifest()
+    if manifest is None:
+        model = _model_from_source_config(name)
+        reason = (
+            f"no compiled artifacts next to {_HERE} (a source checkout, an editable install, "
+            "or a wheel built without the precompile hook)"
+        )
+        return _fall_back(name, model, reason, weights_file=None)
+
+    model = manifest["models"].get(name)
+    if model is None:
+        known = ", ".join(sorted(manifest["models"])) or "none"
+        raise KeyError(f"no model named {name!r} in {_MANIFEST} (models: {known})")
+    artifact, reason = _pick_artifact(model)
+    if artifact is None:
+        return _fall_back(name, model, reason, weights_file=model.get("weights", {}).get("file"))
+    return CompiledModel(name, model, artifact)
+
+
+def _read_manifest() -> dict[str, Any] | None:
+    try:
+        text = _MANIFEST.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    manifest = json.loads(text)
+    if manifest.get("format") != MANIFEST_FORMAT:
+        raise PrecompiledModelError(
+            f"{_MANIFEST} has format {manifest.get('format')!r}; this loader reads format {MANIFEST_FORMAT}"
+        )
+    return manifest
+
+
+# --- Choosing an artifact ------------------------------------------------------------
+
+
+def _running_environment() -> dict[str, str]:
+    import torch
+
+    return {
+        "torch": torch.__version__,
+        "torch_git": torch.version.git_version,
+        "python": f"{sys.version_info.major}.{sys.version_info.minor}",
+    }
+
+
+def _pick_artifact(model: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+    """The first shipped artifact this process can run, or None and why none fits."""
+    here = _running_environment()
+    mismatches = []
+    for artifact in model["artifacts"]:
+        built = artifact["built_with"]
+        differences = [
+            f"{what} {built[what]} (running {here[what]})" for what in ("torch", "torch_git", "python") if built[what] != here[what]
+        ]
+        if not differences:
+            return artifact, ""
+        mismatches.append(f"{artifact['file']}: built with " + ", ".join(differences))
+    return None, "no shipped artifact fits this process: " + "; ".join(mismatches)
+
+
+# --- The compiled model --------------------------------------------------------------
+
+
+class CompiledModel:
+    """A compiled artifact with its weights bound: call it like the module's forward."""
+
+    def __init__(self, name: str, model: dict[str, Any], artifact: dict[str, Any]) -> None:
+        from . import _torch_private
+
+        self.name = name
+        self.artifact_file = artifact["file"]
+        self._inputs = model["inputs"]
+        self._outputs = model["outputs"]
+        self._dims = model["dims"]
+        self._weights = _load_weights(model["weights"]) if "weights" in model else []
+        _key, payload = _torch_private.split_artifact((_HERE / artifact["file"]).read_bytes())
+        self._compiled = _torch_private.deserialize_artifact(payload)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        flat_inputs = _flatten_call(self.name, self._inputs["tree"], args, kwargs)
+        _check_inputs(self.name, self._inputs["leaves"], self._dims, flat_inputs)
+        flat_outputs = self._compiled(*self._weights, *flat_inputs)
+        return _unflatten(self._outputs["tree"], iter(flat_outputs))
+
+    def __repr__(self) -> str:
+        return f"<compiled model {self.name!r} from {self.artifact_file}>"
+
+
+def _load_weights(weights: dict[str, Any]) -> list[Any]:
+    """The lifted parameters, buffers and constants, in the order the graph takes them."""
+    from safetensors.torch import load_file
+
+    tensors = load_file(_HERE / weights["file"])
+    return [tensors[name] for name in weights["order"]]
+
+
+def _flatten_call(name: str, tree: dict[str, Any], args: tuple, kwargs: dict) -> list[Any]:
+    """Flatten (args, kwargs) along the spec recorded at build time, naming what differs."""
+    arg_spec, kwarg_spec = tree["children"]
+    if len(args) != len(arg_spec["children"]):
+        raise ValueError(
+            f"model {name!r}: expected {len(arg_spec['children'])} positional argument(s), got {len(args)}"
+        )
+    expected = set(kwarg_spec.get("keys", []))
+    if set(kwargs) != expected:
+        missing, unexpected = sorted(expected - set(kwargs)), sorted(set(kwargs) - expected)
+        raise ValueError(
+            f"model {name!r}: keyword arguments differ from the compiled signature: "
+            f"missing {missing or 'none'}, unexpected {unexpected or 'none'}"
+        )
+    leaves: list[Any] = []
+    _flatten(name, (args, kwargs), tree, "", leaves)
+    return leaves
+
+
+def _flatten(name: str, value: Any, spec: dict[str, Any], path: str, leaves: list[Any]) -> None:
+    kind = spec["type"]
+    if kind == "leaf":
+        leaves.append(value)
+    elif kind == "dict":
+        if not isinstance(value, dict) or set(value) != set(spec["keys"]):
+            raise ValueError(f"model {name!r}: input {path or 'kwargs'} must be a dict with keys {spec['keys']}")
+        for key, child in zip(spec["keys"], spec["children"]):
+            _flatten(name, value[key], child, f"{path}[{key!r}]", leaves)
+    else:
+        container = tuple if kind == "tuple" else list
+        if not isinstance(value, container) or len(value) != len(spec["children"]):
+            raise ValueError(
+                f"model {name!r}: input {path or 'args'} must be a {kind} of {len(spec['children'])} item(s)"
+            )
+        for i, (item, child) in enumerate(zip(value, spec["children"])):
+            _flatten(name, item, child, f"{path}[{i}]", leaves)
+
+
+def _unflatten(spec: dict[str, Any], leaves: Any) -> Any:
+    kind = spec["type"]
+    if kind == "leaf":
+        return next(leaves)
+    children = [_unflatten(child, leaves) for child in spec["children"]]
+    if kind == "dict":
+        return dict(zip(spec["keys"], children))
+    return tuple(children) if kind == "tuple" else children
+
+
+def _check_inputs(name: str, specs: list[dict[str, Any]], dims: dict[str, Any], values: list[Any]) -> None:
+    """Compiled code checks nothing: a wrong dtype or size gives garbage or a crash."""
+    import torch
+
+    sizes: dict[str, tuple[int, str]] = {}
+    for spec, value in zip(specs, values):
+        where = f"model {name!r}, input {spec['name']}"
+        if not isinstance(value, torch.Tensor):
+            raise ValueError(f"{where}: expected a tensor, got {type(value).__name__}")
+        if str(value.dtype) != f"torch.{spec['dtype']}":
+            raise ValueError(f"{where}: expected dtype {spec['dtype']}, got {str(value.dtype).removeprefix('torch.')}")
+        if value.device.type != spec["device"]:
+            raise ValueError(f"{where}: expected a tensor on {spec['device']}, got one on {value.device}")
+        shape = spec["shape"]
+        if value.dim() != len(shape):
+            raise ValueError(f"{where}: expected {len(shape)} dimensions {shape}, got shape {list(value.shape)}")
+        for axis, (want, got) in enumerate(zip(shape, value.shape)):
+            if isinstance(want, int):
+                if got != want:
+                    raise ValueError(f"{where}: expected size {want} at dim {axis} (shape {shape}), got {list(value.shape)}")
+                continue
+            low, high = dims[want]["min"], dims[want]["max"]
+            if not low <= got <= high:
+                raise ValueError(f"{where}: dim {want!r} (dim {axis}) must be in [{low}, {high}], got {got}")
+            first = sizes.setdefault(want, (got, spec["name"]))
+            if first[0] != got:
+                raise ValueError(f"{where}: dim {want!r} is {got} here but {first[0]} in input {first[1]}")
+
+
+# --- Falling back -------------------------------------------------------------------
+
+
+def _fall_back(name: str, model: dict[str, Any], reason: str, weights_file: str | None) -> Callable[..., Any]:
+    advice = (
+        "Build and install a wheel with the hatch-precompile hook (`hatch build`, `python -m build`, "
+        "`pip wheel .`) using the torch and Python you deploy with."
+    )
+    if model["fallback"] == "error":
+        raise PrecompiledModelError(f"model {name!r}: {reason}. {advice}")
+    warnings.warn(
+        f"model {name!r} runs eagerly (not compiled): {reason}. {advice}", PrecompiledFallbackWarning, stacklevel=3
+    )
+    module = _import_object(model["factory"])()
+    if weights_file is not None:
+        from safetensors.torch import load_file
+
+        module.load_state_dict(load_file(_HERE / weights_file), strict=False)
+    return _EagerModel(module.eval())
+
+
+class _EagerModel:
+    """The module built by its factory, called without autograd like the compiled one."""
+
+    def __init__(self, module: Any) -> None:
+        self.module = module
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        import torch
+
+        with torch.no_grad():
+            return self.module(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<eager fallback {type(self.module).__name__}>"
+
+
+def _import_object(spec: str) -> Any:
+    module_name, _, attribute = spec.partition(":")
+    target: Any = importlib.import_module(module_name)
+    for part in attribute.split("."):
+        target = getattr(target, part)
+    return target
+
+
+def _model_from_source_config(name: str) -> dict[str, Any]:
+    """Read the model's factory and fallback from the pyproject.toml above this file."""
+    for directory in _HERE.parents:
+        pyproject = directory / "pyproject.toml"
+        if pyproject.is_file():
+            import tomllib
+
+            table: Any = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+            for key in _CONFIG_TABLE:
+                table = table.get(key, {})
+            models = table.get("models", {})
+            if not models:
+                break  # the nearest project is not one that uses hatch-precompile
+            if name not in models:
+                known = ", ".join(sorted(models)) or "none"
+                raise KeyError(f"no model named {name!r} in {pyproject} (models: {known})")
+            return {"factory": models[name]["factory"], "fallback": models[name].get("fallback", table.get("fallback", "eager"))}
+    raise PrecompiledModelError(
+        f"model {name!r}: no manifest.json next to {_HERE} and no pyproject.toml above it: "
+        "this package was built without the hatch-precompile hook"
+    )

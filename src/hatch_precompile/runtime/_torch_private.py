@@ -1,0 +1,128 @@
+"""Every use of torch's private internals, in one place.
+
+hatch-precompile copies this file into wheels next to the loader, and the build
+side imports it too, so a torch upgrade touches only this module.
+`tests/test_torch_assumptions.py` checks each assumption below against the
+installed torch and fails loudly when one stops holding.
+
+What it relies on (measured on torch 2.13):
+- The artifact file written by `AOTCompiledArtifact.save(format="binary")` is
+  `torch.utils._appending_byte_serializer` framing: a big-endian crc32 of the rest,
+  then fields each prefixed by a big-endian u64 length: the header
+  b"AOTCompiledArtifact", `torch_key()` (32 bytes), the pickled bundle.
+  We parse it ourselves: torch's reader checks the key inside `assert`s, which
+  `python -O` strips (the reader then falls out of step), and it reports damage
+  as a bare AssertionError.
+- `AOTCompiledArtifact.deserialize(payload)` turns the bundle back into a callable
+  taking the graph's flat inputs (lifted weights first, then user inputs) and
+  returning a flat list of tensors.
+- On an export graph, `standalone_compile(dynamic_shapes="from_graph")` looks for
+  the fake mode under `node.meta["example_value"]` of the outputs, while export
+  stores its fakes under `meta["val"]`. Copying them across makes the compile use
+  export's ShapeEnv, so exactly the export Dims are symbolic; without it every
+  size of every input, weights included, becomes symbolic.
+- `torch.utils._pytree.tree_leaves` flattens in the order export's call spec
+  uses, and its `TreeSpec` exposes `type`, `context`, `is_leaf()` and `children()`.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any, Callable
+
+ARTIFACT_HEADER = b"AOTCompiledArtifact"
+_CRC_SIZE = 4
+_LENGTH_SIZE = 8
+
+
+class ArtifactFormatError(ValueError):
+    """The artifact file is damaged or is not an AOTCompiledArtifact."""
+
+
+def split_artifact(data: bytes) -> tuple[bytes, bytes]:
+    """Return (torch_key, pickled bundle) of an artifact file, checking its framing."""
+    if len(data) < _CRC_SIZE:
+        raise ArtifactFormatError(f"file is {len(data)} bytes long, too short for an artifact")
+    if zlib.crc32(data[_CRC_SIZE:]).to_bytes(_CRC_SIZE, "big") != data[:_CRC_SIZE]:
+        raise ArtifactFormatError("checksum mismatch: the file is truncated or corrupted")
+    fields = []
+    offset = _CRC_SIZE
+    while offset < len(data):
+        if offset + _LENGTH_SIZE > len(data):
+            raise ArtifactFormatError("a field's length is cut off: the file is truncated")
+        size = int.from_bytes(data[offset : offset + _LENGTH_SIZE], "big")
+        offset += _LENGTH_SIZE
+        if offset + size > len(data):
+            raise ArtifactFormatError("a field runs past the end of the file: the file is truncated")
+        fields.append(data[offset : offset + size])
+        offset += size
+    if len(fields) != 3 or fields[0] != ARTIFACT_HEADER:
+        raise ArtifactFormatError(f"expected the fields [{ARTIFACT_HEADER!r}, torch key, bundle]")
+    return fields[1], fields[2]
+
+
+def deserialize_artifact(payload: bytes) -> Callable[..., list[Any]]:
+    """Unpickle an artifact's bundle into its compiled callable (runs code from the file)."""
+    from torch._inductor.standalone_compile import AOTCompiledArtifact
+
+    return AOTCompiledArtifact.deserialize(payload)
+
+
+def torch_key() -> bytes:
+    """The hash torch writes into every artifact: torch's version and module bytes."""
+    from torch._inductor.codecache import torch_key as key
+
+    return key()
+
+
+# --- Build side only -------------------------------------------------------------
+
+
+def compile_exported(exported: Any, inductor_config: dict[str, Any]) -> Any:
+    """Compile a `torch.export` program with `standalone_compile(aot=True)`.
+
+    Returns the AOTCompiledArtifact. Exactly the export Dims stay dynamic.
+    """
+    import torch
+
+    graph_module = exported.graph_module
+    fake_inputs = [node.meta["val"] for node in graph_module.graph.nodes if node.op == "placeholder"]
+    output_node = next(iter(reversed(graph_module.graph.nodes)))
+    for node in output_node.args[0]:
+        if isinstance(node, torch.fx.Node) and "val" in node.meta:
+            node.meta["example_value"] = node.meta["val"]
+    with torch.no_grad():
+        return torch._inductor.standalone_compile(
+            graph_module,
+            fake_inputs,
+            dynamic_shapes="from_graph",
+            options={"config_patches": dict(inductor_config)},
+            aot=True,
+        )
+
+
+def save_artifact(artifact: Any, path: str) -> None:
+    artifact.save(path=path, format="binary")
+
+
+def tree_leaves(tree: Any) -> list[Any]:
+    """Flatten nested inputs or outputs in the order the compiled graph uses."""
+    from torch.utils._pytree import tree_leaves as leaves
+
+    return leaves(tree)
+
+
+def treespec_to_json(spec: Any) -> dict[str, Any]:
+    """A pytree spec as plain data: tuple, list and dict nodes around tensor leaves."""
+    if spec.is_leaf():
+        return {"type": "leaf"}
+    kind = {tuple: "tuple", list: "list", dict: "dict"}.get(spec.type)
+    if kind is None:
+        raise TypeError(
+            f"{spec.type.__module__}.{spec.type.__qualname__} in inputs or outputs is not supported yet; "
+            "use tuples, lists, dicts and tensors"
+        )
+    node: dict[str, Any] = {"type": kind, "children": [treespec_to_json(c) for c in spec.children()]}
+    if kind == "dict":
+        node["keys"] = list(spec.context)
+    return node
