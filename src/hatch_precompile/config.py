@@ -221,8 +221,10 @@ def _parse_model(check: _Checker, name: str, raw: dict[str, Any], path: str, fal
         if (spec := _parse_input(check, item, f"{path}.kwargs.{key}")) is not None:
             kwargs[key] = spec
 
-    dims = _parse_dims(check, raw.get("dims", {}), f"{path}.dims", by_axes=example_inputs is not None)
-    _check_dims_used(check, path, args, kwargs, dims, by_axes=example_inputs is not None)
+    raw_dims = raw.get("dims", {})
+    dims = _parse_dims(check, raw_dims, f"{path}.dims", by_axes=example_inputs is not None)
+    if example_inputs is None and isinstance(raw_dims, dict):
+        _check_dims_used(check, path, raw, declared=list(raw_dims))
 
     weights = check.choice(raw.get("weights", "embed"), f"{path}.weights", WEIGHTS)
     options = check.table(raw.get("options", {}), f"{path}.options")
@@ -330,25 +332,25 @@ def _parse_axes(check: _Checker, raw: Any, path: str) -> tuple[tuple[int | str, 
     return tuple(axes)
 
 
-def _check_dims_used(
-    check: _Checker,
-    path: str,
-    args: tuple[TensorInput, ...],
-    kwargs: dict[str, TensorInput],
-    dims: dict[str, Dim],
-    by_axes: bool,
-) -> None:
-    if by_axes:
-        return
-    used = [(f"{path}.inputs[{i}].shape", s) for i, spec in enumerate(args) for s in spec.shape]
-    used += [(f"{path}.kwargs.{k}.shape", s) for k, spec in kwargs.items() for s in spec.shape]
+def _check_dims_used(check: _Checker, path: str, raw: dict[str, Any], declared: list[str]) -> None:
+    """Every dim name in a shape is declared, and every declared dim is used.
+
+    Reads the raw tables, so that an input rejected for another reason (say, its
+    dtype) does not also make its dims look unused."""
+    inputs = raw.get("inputs", [])
+    kwargs = raw.get("kwargs", {})
+    tables = list(enumerate(inputs)) if isinstance(inputs, list) else []
+    shapes = [(f"{path}.inputs[{i}].shape", t.get("shape")) for i, t in tables if isinstance(t, dict)]
+    if isinstance(kwargs, dict):
+        shapes += [(f"{path}.kwargs.{k}.shape", t.get("shape")) for k, t in kwargs.items() if isinstance(t, dict)]
     seen = set()
-    for where, size in used:
-        if isinstance(size, str):
-            seen.add(size)
-            if size not in dims:
-                declared = ", ".join(dims) or "none"
-                check.fail(where, f"uses dim {size!r}, which is not declared in {path}.dims (declared: {declared})")
-    for name in dims:
+    for where, shape in shapes:
+        for size in shape if isinstance(shape, list) else []:
+            if isinstance(size, str):
+                seen.add(size)
+                if size not in declared:
+                    names = ", ".join(declared) or "none"
+                    check.fail(where, f"uses dim {size!r}, which is not declared in {path}.dims (declared: {names})")
+    for name in declared:
         if name not in seen:
             check.fail(f"{path}.dims.{name}", "declared but used in no input shape")

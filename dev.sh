@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Developer entry point. On a fresh machine:
+#   ./dev.sh demo   build the example wheel with the hook, install it in a fresh
+#                   environment, and time the compiled encoder against eager
+#   ./dev.sh test   run the test suite (what CI runs)
+# TORCH_REQUIREMENT picks the torch for the dev environment (default torch==2.13.0).
+set -euo pipefail
+cd "$(dirname "$0")"
+PYTHON=${PYTHON:-python3}
+TORCH_REQUIREMENT=${TORCH_REQUIREMENT:-torch==2.13.0}
+
+setup() {
+  if [ ! -x .venv/bin/python ]; then
+    "$PYTHON" -m venv .venv
+  fi
+  .venv/bin/python -m pip install --disable-pip-version-check -q "$TORCH_REQUIREMENT"
+  .venv/bin/python -m pip install --disable-pip-version-check -q -e '.[test]'
+}
+
+demo() {
+  setup
+  rm -rf .demo && mkdir -p .demo
+  echo "== building hatch-precompile's wheel"
+  .venv/bin/python -m build -q --wheel --no-isolation --outdir .demo/wheelhouse . >/dev/null
+  echo "== building the example wheel (python -m build, isolated; the hook compiles the encoder)"
+  PIP_FIND_LINKS="$PWD/.demo/wheelhouse ${PIP_FIND_LINKS:-}" \
+    .venv/bin/python -m build --wheel --outdir .demo/dist example_project 2>&1 | grep -E "precompile:|Successfully"
+  echo "== installing it into a fresh environment"
+  .venv/bin/python -m venv .demo/venv
+  .demo/venv/bin/python -m pip install --disable-pip-version-check -q .demo/dist/*.whl
+  echo "== first output in fresh processes"
+  .demo/venv/bin/python scripts/first_output.py
+}
+
+test_suite() {
+  setup
+  .venv/bin/python -m pytest "$@"
+}
+
+case "${1:-}" in
+  demo) demo ;;
+  test) shift; test_suite "$@" ;;
+  *) echo "usage: ./dev.sh demo | ./dev.sh test [pytest args]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,103 @@
+"""Shared fixtures: the plugin's wheel, the example project's wheel and sdist
+(built once per session with the real hook), and fresh virtual environments.
+
+Environments get torch the way a user's would: by resolving the wheel's
+`torch==X` pin through pip's configuration (this machine's pip finds the local
+CPU build). Nothing here mocks torch or hatchling.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import venv
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE = REPO / "example_project"
+
+
+def run(command: list[str], *, cwd: Path | None = None, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{command} exited {result.returncode}\n--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}")
+    return result
+
+
+def with_find_links(*folders: Path, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment with extra wheel folders for pip (PIP_FIND_LINKS) and uv (UV_FIND_LINKS)."""
+    env = dict(base or os.environ)
+    pip_links = " ".join([*map(str, folders), env.get("PIP_FIND_LINKS", "")]).strip()
+    env["PIP_FIND_LINKS"] = pip_links
+    env["UV_FIND_LINKS"] = ",".join(pip_links.split())
+    return env
+
+
+@dataclass
+class Venv:
+    path: Path
+
+    @property
+    def python(self) -> str:
+        return str(self.path / "bin" / "python")
+
+    def pip(self, *args: str, env: dict[str, str] | None = None) -> None:
+        run([self.python, "-m", "pip", "install", "--disable-pip-version-check", "-q", *args], env=env)
+
+    def script(self, code: str, *, cwd: Path | None = None, env: dict[str, str] | None = None, check: bool = True, options: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+        """Run `code` in a fresh interpreter of this environment."""
+        return run([self.python, *options, "-c", code], cwd=cwd or self.path, env=env, check=check)
+
+
+def make_venv(path: Path) -> Venv:
+    venv.EnvBuilder(with_pip=True, clear=True).create(path)
+    return Venv(path)
+
+
+@pytest.fixture(scope="session")
+def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding this checkout's hatch-precompile wheel, for build frontends to find."""
+    folder = tmp_path_factory.mktemp("wheelhouse")
+    run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(folder), str(REPO)])
+    return folder
+
+
+@dataclass
+class ExampleBuild:
+    sdist: Path
+    wheel: Path
+    log: str
+
+
+@pytest.fixture(scope="session")
+def example_build(tmp_path_factory: pytest.TempPathFactory, wheelhouse: Path) -> ExampleBuild:
+    """`python -m build` of the example project, with build isolation: sdist, then wheel from the sdist."""
+    project = tmp_path_factory.mktemp("example") / "example_project"
+    shutil.copytree(EXAMPLE, project, ignore=shutil.ignore_patterns("dist", "__pycache__"))
+    result = run([sys.executable, "-m", "build", str(project)], env=with_find_links(wheelhouse))
+    (sdist,) = (project / "dist").glob("*.tar.gz")
+    (wheel,) = (project / "dist").glob("*.whl")
+    return ExampleBuild(sdist, wheel, result.stdout + result.stderr)
+
+
+@pytest.fixture(scope="session")
+def deploy_venv(tmp_path_factory: pytest.TempPathFactory, example_build: ExampleBuild) -> Venv:
+    """A fresh environment with only the example wheel and what its metadata requires."""
+    env = make_venv(tmp_path_factory.mktemp("deploy") / "venv")
+    env.pip(str(example_build.wheel))
+    return env
+
+
+@pytest.fixture(scope="session")
+def torch_venv(tmp_path_factory: pytest.TempPathFactory) -> Venv:
+    """A fresh environment with the dev environment's torch and nothing of ours."""
+    import torch
+
+    env = make_venv(tmp_path_factory.mktemp("torch-only") / "venv")
+    env.pip(f"torch=={torch.__version__.split('+')[0]}", "safetensors")
+    return env

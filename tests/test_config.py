@@ -1,0 +1,129 @@
+"""The configuration schema: what it accepts, and the message for each mistake."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from hatch_precompile.config import ConfigError, Dim, TensorInput, parse_config
+
+T = "tool.hatch.build.hooks.precompile"
+
+
+def model(**overrides: Any) -> dict[str, Any]:
+    table: dict[str, Any] = {
+        "factory": "pkg.model:build",
+        "inputs": [{"shape": ["batch", 64], "dtype": "int64", "range": [0, 1000]}],
+        "dims": {"batch": {"min": 1, "max": 64}},
+    }
+    table.update(overrides)
+    return {key: value for key, value in table.items() if value is not None}
+
+
+def problems(raw: dict[str, Any]) -> list[str]:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(raw)
+    return caught.value.problems
+
+
+def test_the_readme_example_parses_with_defaults_filled_in() -> None:
+    config = parse_config({"package": "pkg", "fallback": "error", "models": {"encoder": model(weights="embed", options={"max_autotune": False})}})
+    encoder = config.models["encoder"]
+    assert config.package == "pkg" and config.fallback == "error"
+    assert encoder.fallback == "error" and encoder.weights == "embed"
+    assert encoder.args == (TensorInput(shape=("batch", 64), dtype="int64", value_range=(0, 1000)),)
+    assert encoder.dims == {"batch": Dim(name="batch", min=1, max=64)}
+    assert encoder.options == {"max_autotune": False}
+
+
+def test_hatchlings_own_hook_keys_are_accepted() -> None:
+    raw = {
+        "enable-by-default": True,
+        "dependencies": ["x"],
+        "require-runtime-dependencies": True,
+        "require-runtime-features": ["y"],
+        "models": {"m": model()},
+    }
+    assert parse_config(raw).package is None
+
+
+def test_keyword_inputs_and_per_model_fallback() -> None:
+    config = parse_config(
+        {
+            "models": {
+                "m": model(
+                    kwargs={"attention_mask": {"shape": ["batch", 64], "dtype": "bool"}},
+                    fallback="error",
+                )
+            }
+        }
+    )
+    assert config.fallback == "eager"
+    assert config.models["m"].fallback == "error"
+    assert config.models["m"].kwargs["attention_mask"] == TensorInput(shape=("batch", 64), dtype="bool")
+
+
+def test_example_inputs_callable_with_dim_axes() -> None:
+    raw = model(inputs=None, dims={"batch": {"max": 8, "axes": ["0:0", "attention_mask:0"]}})
+    raw["example-inputs"] = "pkg.model:examples"
+    config = parse_config({"models": {"m": raw}})
+    assert config.models["m"].dims["batch"] == Dim(name="batch", min=1, max=8, axes=((0, 0), ("attention_mask", 0)))
+    assert config.models["m"].example_inputs == "pkg.model:examples"
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ({"models": {"m": model()}, "fallbak": "eager"}, f"{T}.fallbak: unknown key; did you mean `fallback`?"),
+        ({"models": {"m": model()}, "fallback": "never"}, f"{T}.fallback: expected one of 'eager', 'error', found a string 'never'"),
+        ({"models": {}}, f"{T}.models: no models declared"),
+        ({"models": {"m": model()}, "package": "my-pkg"}, f"{T}.package: expected an import package name such as 'my_pkg', found 'my-pkg'"),
+        ({"models": {"bad name": model()}}, f"{T}.models.bad name: model names must be Python identifiers"),
+        ({"models": {"m": 3}}, f"{T}.models.m: expected a table, found an integer 3"),
+        ({"models": {"m": model(factory=None)}}, f"{T}.models.m.factory: missing; expected 'module:callable'"),
+        ({"models": {"m": model(factory="pkg.model.build")}}, f"{T}.models.m.factory: expected 'module:callable', found 'pkg.model.build'"),
+        ({"models": {"m": model(inputs=None, dims={})}}, f"{T}.models.m: declares no inputs"),
+        ({"models": {"m": model(inputs={"shape": [1]})}}, f"{T}.models.m.inputs: expected an array, found a table"),
+        ({"models": {"m": model(inputs=[{"dtype": "int64"}], dims={})}}, f"{T}.models.m.inputs[0].shape: missing"),
+        ({"models": {"m": model(inputs=[{"shape": [0]}], dims={})}}, f"{T}.models.m.inputs[0].shape[0]: expected an integer >= 1, found 0"),
+        ({"models": {"m": model(inputs=[{"shape": [2.5]}], dims={})}}, f"{T}.models.m.inputs[0].shape[0]: expected an integer >= 1, found a float 2.5"),
+        ({"models": {"m": model(inputs=[{"shape": [2], "dtype": "int"}], dims={})}}, "did you mean 'int8'?"),
+        ({"models": {"m": model(inputs=[{"shape": [2], "range": [5, 1]}], dims={})}}, f"{T}.models.m.inputs[0].range: expected low < high, found [5, 1]"),
+        ({"models": {"m": model(inputs=[{"shape": [2], "range": [0]}], dims={})}}, "expected [low, high] (two numbers), found an array [0]"),
+        ({"models": {"m": model(inputs=[{"shape": [2], "dtype": "bool", "range": [0, 1]}], dims={})}}, "a range makes no sense for dtype 'bool'"),
+        ({"models": {"m": model(inputs=[{"shape": [2], "shpe": 1}], dims={})}}, f"{T}.models.m.inputs[0].shpe: unknown key; did you mean `shape`?"),
+        ({"models": {"m": model(dims={})}}, f"{T}.models.m.inputs[0].shape: uses dim 'batch', which is not declared in {T}.models.m.dims (declared: none)"),
+        ({"models": {"m": model(dims={"batch": {"min": 1, "max": 64}, "seq": {"max": 9}})}}, f"{T}.models.m.dims.seq: declared but used in no input shape"),
+        ({"models": {"m": model(dims={"batch": {"min": 1}})}}, f"{T}.models.m.dims.batch.max: missing; a dynamic dim needs an upper bound"),
+        ({"models": {"m": model(dims={"batch": {"min": 8, "max": 8}})}}, f"{T}.models.m.dims.batch: expected min < max, found min=8, max=8"),
+        ({"models": {"m": model(dims={"batch": {"max": 8, "axes": ["0:0"]}})}}, f"{T}.models.m.dims.batch.axes: unknown key"),
+        ({"models": {"m": model(weights="download")}}, f"{T}.models.m.weights: expected one of 'embed', found a string 'download'"),
+        ({"models": {"m": model(options=[])}}, f"{T}.models.m.options: expected a table, found an array []"),
+        ({"models": {"m": {**model(), "example-inputs": "pkg:f"}}}, f"{T}.models.m.inputs: cannot be combined with `example-inputs`"),
+        ({"models": {"m": {**model(inputs=None, dims={"b": {"max": 4}}), "example-inputs": "pkg:f"}}}, f"{T}.models.m.dims.b.axes: missing"),
+        ({"models": {"m": {**model(inputs=None, dims={"b": {"max": 4, "axes": ["x"]}}), "example-inputs": "pkg:f"}}}, f"{T}.models.m.dims.b.axes[0]: expected 'input:axis'"),
+    ],
+)
+def test_each_mistake_names_its_key_path_and_what_was_expected(raw: dict[str, Any], expected: str) -> None:
+    found = problems(raw)
+    assert any(expected in p for p in found), found
+
+
+def test_every_problem_is_reported_in_one_error() -> None:
+    raw = {
+        "fallbak": "eager",
+        "models": {
+            "a": model(inputs=[{"shape": ["batch", "seq"], "dtype": "float33"}], dims={"batch": {"max": "64"}}),
+            "b": model(factory=7),
+        },
+    }
+    found = problems(raw)
+    assert [p.split(":")[0] for p in found] == [
+        f"{T}.fallbak",
+        f"{T}.models.a.inputs[0].dtype",
+        f"{T}.models.a.dims.batch.max",
+        f"{T}.models.a.inputs[0].shape",
+        f"{T}.models.b.factory",
+    ]
+    assert "invalid configuration (5 problem(s))" in str(ConfigError(found))

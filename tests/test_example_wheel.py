@@ -1,0 +1,239 @@
+"""End to end: the example project built with the real hook, installed in fresh
+environments, and called in fresh processes."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import shutil
+import sys
+import tarfile
+import zipfile
+from email.parser import Parser
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import EXAMPLE, REPO, ExampleBuild, Venv, make_venv, run, with_find_links
+
+pytestmark = pytest.mark.e2e
+
+TORCH_PIN = f"torch=={torch.__version__.split('+')[0]}"
+PRECOMPILED = "example_pkg/_precompiled/"
+
+# Runs in a fresh process: the compiled encoder against the eager module from the
+# same factory, at several batch sizes; float32 tolerance rtol=1e-4, atol=1e-5.
+COMPARE_WITH_EAGER = """
+import json, torch
+from example_pkg import load_compiled
+from example_pkg.model import build_encoder
+encoder, eager = load_compiled("encoder"), build_encoder()
+report = {"repr": repr(encoder), "batches": {}}
+for batch in (1, 7, 64):
+    ids = torch.randint(0, 1000, (batch, 64), generator=torch.Generator().manual_seed(batch))
+    out = encoder(ids)
+    with torch.no_grad():
+        ref = eager(ids)
+    assert type(out) is dict and list(out) == list(ref), (type(out), list(out))
+    for key in ref:
+        torch.testing.assert_close(out[key], ref[key], rtol=1e-4, atol=1e-5)
+    report["batches"][batch] = {k: list(v.shape) for k, v in out.items()}
+print(json.dumps(report))
+"""
+
+
+def _metadata(text: str) -> list[str]:
+    return Parser().parsestr(text).get_all("Requires-Dist") or []
+
+
+def test_wheel_is_tagged_for_this_python_and_torch_platform(example_build: ExampleBuild) -> None:
+    tag = example_build.wheel.name.removesuffix(".whl").split("-", 2)[2]
+    torch_wheel_info = importlib.metadata.distribution("torch").read_text("WHEEL")
+    torch_platform = next(line for line in torch_wheel_info.splitlines() if line.startswith("Tag:")).rsplit("-", 1)[1]
+    with zipfile.ZipFile(example_build.wheel) as wheel:
+        wheel_info = wheel.read("example_pkg-0.1.0.dist-info/WHEEL").decode()
+    py = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    assert tag == f"{py}-{py}-{torch_platform}"
+    assert "Root-Is-Purelib: false" in wheel_info
+
+
+def test_wheel_holds_loader_manifest_artifact_and_weights(example_build: ExampleBuild) -> None:
+    with zipfile.ZipFile(example_build.wheel) as wheel:
+        names = set(wheel.namelist())
+        manifest = json.loads(wheel.read(PRECOMPILED + "manifest.json"))
+        for expected in ("__init__.py", "_torch_private.py", "manifest.json"):
+            assert PRECOMPILED + expected in names
+        encoder = manifest["models"]["encoder"]
+        shipped = [encoder["weights"], *encoder["artifacts"]]
+        for record in shipped:
+            data = wheel.read(PRECOMPILED + record["file"])
+            assert len(data) == record["size"]
+            assert hashlib.sha256(data).hexdigest() == record["sha256"]
+        assert wheel.read(PRECOMPILED + "__init__.py") == (REPO / "src/hatch_precompile/runtime/__init__.py").read_bytes()
+
+    (artifact,) = encoder["artifacts"]
+    assert artifact["built_with"]["torch"] == torch.__version__
+    assert artifact["built_with"]["python"] == f"{sys.version_info.major}.{sys.version_info.minor}"
+    assert artifact["device"] == "cpu" and artifact["file"] == "encoder/cpu.bin"
+    assert encoder["inputs"]["leaves"] == [{"name": "input_ids", "dtype": "int64", "device": "cpu", "shape": ["batch", 64]}]
+    assert encoder["outputs"]["leaves"] == [
+        {"dtype": "float32", "shape": ["batch", 64]},
+        {"dtype": "float32", "shape": ["batch", 64, 64]},
+    ]
+    assert encoder["dims"] == {"batch": {"min": 1, "max": 64}}
+
+
+def test_wheel_and_sdist_pin_the_same_torch_release(example_build: ExampleBuild) -> None:
+    with zipfile.ZipFile(example_build.wheel) as wheel:
+        wheel_requires = _metadata(wheel.read("example_pkg-0.1.0.dist-info/METADATA").decode())
+    with tarfile.open(example_build.sdist) as sdist:
+        sdist_requires = _metadata(sdist.extractfile("example_pkg-0.1.0/PKG-INFO").read().decode())
+        sdist_names = sdist.getnames()
+    assert TORCH_PIN in wheel_requires and "safetensors>=0.4" in wheel_requires
+    assert sorted(wheel_requires) == sorted(sdist_requires)
+    compiled = [n for n in sdist_names if n.endswith((".bin", ".safetensors", "manifest.json"))]
+    assert compiled == []
+
+
+def test_build_reports_progress_per_model_and_step(example_build: ExampleBuild) -> None:
+    assert f"compiling with torch {torch.__version__}; the wheel requires {TORCH_PIN}" in example_build.log
+    for step in ("captured with torch.export", "compiled with inductor and checked against eager"):
+        assert f"precompile: encoder: {step} (" in example_build.log
+
+
+def test_compiled_encoder_matches_eager_at_several_batch_sizes(deploy_venv: Venv) -> None:
+    report = json.loads(deploy_venv.script(COMPARE_WITH_EAGER).stdout)
+    assert report["repr"] == "<compiled model 'encoder' from encoder/cpu.bin>"
+    assert report["batches"] == {
+        str(b): {"embedding": [b, 64], "hidden_states": [b, 64, 64]} for b in (1, 7, 64)
+    }
+
+
+def test_deployed_wheel_needs_neither_the_plugin_nor_a_torch_import_at_package_import(deploy_venv: Venv) -> None:
+    out = deploy_venv.script(
+        "import sys, importlib.util, example_pkg\n"
+        "print('torch' in sys.modules, importlib.util.find_spec('hatch_precompile') is None)"
+    ).stdout.split()
+    assert out == ["False", "True"]
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        ("enc(ids.int())", "input input_ids: expected dtype int64, got int32"),
+        ("enc(ids[:, :10])", "input input_ids: expected size 64 at dim 1 (shape ['batch', 64]), got [3, 10]"),
+        ("enc(torch.zeros(65, 64, dtype=torch.long))", "dim 'batch' (dim 0) must be in [1, 64], got 65"),
+        ("enc(torch.zeros(0, 64, dtype=torch.long))", "dim 'batch' (dim 0) must be in [1, 64], got 0"),
+        ("enc(ids, ids)", "expected 1 positional argument(s), got 2"),
+        ("enc(ids, mask=ids)", "missing none, unexpected ['mask']"),
+        ("enc(ids.tolist())", "input input_ids: expected a tensor, got list"),
+        ("enc(ids[0])", "expected 2 dimensions ['batch', 64], got shape [64]"),
+    ],
+)
+def test_bad_calls_raise_value_errors_naming_model_and_input(deploy_venv: Venv, call: str, message: str) -> None:
+    code = (
+        "import torch\nfrom example_pkg import load_compiled\nenc = load_compiled('encoder')\n"
+        "ids = torch.zeros(3, 64, dtype=torch.long)\n"
+        f"try:\n    {call}\nexcept ValueError as e:\n    print(e)\nelse:\n    print('no error')"
+    )
+    out = deploy_venv.script(code).stdout.strip()
+    assert out.startswith("model 'encoder'") and message in out, out
+
+
+def test_concurrent_first_calls_load_once(deploy_venv: Venv) -> None:
+    code = """
+import threading, torch
+from example_pkg import load_compiled
+from example_pkg.model import build_encoder
+ids = torch.randint(0, 1000, (4, 64))
+with torch.no_grad():
+    ref = build_encoder()(ids)["embedding"]
+models, errors = [], []
+def work():
+    try:
+        model = load_compiled("encoder")
+        torch.testing.assert_close(model(ids)["embedding"], ref, rtol=1e-4, atol=1e-5)
+        models.append(model)
+    except Exception as e:
+        errors.append(repr(e))
+threads = [threading.Thread(target=work) for _ in range(8)]
+[t.start() for t in threads]; [t.join() for t in threads]
+print(len(models), len({id(m) for m in models}), errors)
+"""
+    assert deploy_venv.script(code).stdout.split(maxsplit=2) == ["8", "1", "[]\n"]
+
+
+FALLBACK_CHECK = """
+import warnings, torch
+from example_pkg import load_compiled, _precompiled
+from example_pkg.model import build_encoder
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    model = load_compiled("encoder")
+    load_compiled("encoder")
+ids = torch.randint(0, 1000, (2, 64))
+with torch.no_grad():
+    torch.testing.assert_close(model(ids), build_encoder()(ids))
+fallbacks = [w for w in caught if issubclass(w.category, _precompiled.PrecompiledFallbackWarning)]
+print(len(fallbacks))
+print(fallbacks[0].message)
+"""
+
+
+def test_source_checkout_falls_back_to_eager_with_one_warning(torch_venv: Venv) -> None:
+    env = {**os.environ, "PYTHONPATH": str(EXAMPLE / "src")}
+    count, message = torch_venv.script(FALLBACK_CHECK, env=env).stdout.split("\n", 1)
+    assert count == "1"
+    assert "model 'encoder' runs eagerly (not compiled): no compiled artifacts" in message
+    assert "Build and install a wheel with the hatch-precompile hook" in message
+
+
+def test_source_checkout_with_fallback_error_raises(torch_venv: Venv, tmp_path: Path) -> None:
+    project = tmp_path / "example_project"
+    shutil.copytree(EXAMPLE, project, ignore=shutil.ignore_patterns("dist", "__pycache__"))
+    pyproject = project / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace('fallback = "eager"', 'fallback = "error"'))
+    env = {**os.environ, "PYTHONPATH": str(project / "src")}
+    code = (
+        "from example_pkg import load_compiled, _precompiled\n"
+        "try:\n    load_compiled('encoder')\nexcept _precompiled.PrecompiledModelError as e:\n    print(e)"
+    )
+    out = torch_venv.script(code, env=env).stdout
+    assert out.startswith("model 'encoder': no compiled artifacts next to")
+    assert "Build and install a wheel with the hatch-precompile hook" in out
+
+
+def test_unknown_model_name_lists_the_shipped_ones(deploy_venv: Venv) -> None:
+    result = deploy_venv.script("from example_pkg import load_compiled\nload_compiled('decoder')", check=False)
+    assert result.returncode == 1
+    assert "no model named 'decoder'" in result.stderr and "(models: encoder)" in result.stderr
+
+
+def test_editable_install_falls_back_to_eager(torch_venv: Venv, wheelhouse: Path, tmp_path: Path) -> None:
+    # PYTHONPATH-based tests above take precedence over this .pth, so sharing the env is safe.
+    project = tmp_path / "example_project"
+    shutil.copytree(EXAMPLE, project, ignore=shutil.ignore_patterns("dist", "__pycache__"))
+    torch_venv.pip("-e", str(project), env=with_find_links(wheelhouse))
+    count, message = torch_venv.script(FALLBACK_CHECK, cwd=tmp_path).stdout.split("\n", 1)
+    assert count == "1" and "no compiled artifacts next to" in message and str(project) in message
+
+
+def test_hatch_build_uses_the_pinned_torch_and_compiles(wheelhouse: Path, tmp_path: Path) -> None:
+    hatch = shutil.which("hatch", path=str(Path(sys.executable).parent))
+    if hatch is None:
+        pytest.fail("the `hatch` CLI is missing: install the test extra (pip install -e '.[test]')")
+    project = tmp_path / "example_project"
+    shutil.copytree(EXAMPLE, project, ignore=shutil.ignore_patterns("dist", "__pycache__"))
+    env = with_find_links(wheelhouse)
+    env["HATCH_DATA_DIR"] = str(tmp_path / "hatch-data")
+    result = run([hatch, "build", "--target", "wheel"], cwd=project, env=env)
+    (wheel,) = (project / "dist").glob("*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        manifest = json.loads(archive.read(PRECOMPILED + "manifest.json"))
+        requires = _metadata(archive.read("example_pkg-0.1.0.dist-info/METADATA").decode())
+    assert manifest["models"]["encoder"]["artifacts"][0]["built_with"]["torch"] == torch.__version__
+    assert TORCH_PIN in requires
+    assert "precompile: encoder: done in" in result.stderr + result.stdout

@@ -1,0 +1,167 @@
+"""Builds that must fail: through a real frontend (`python -m build`, no isolation,
+so the hook under test is this checkout's), each checked for its message and for
+leaving no wheel and no scratch files behind."""
+
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conftest import run
+
+pytestmark = pytest.mark.e2e
+
+MODELS = '''
+import torch
+from torch import nn
+
+
+class Doubler(nn.Module):
+    def forward(self, x):
+        return x * 2
+
+
+class DataDependent(nn.Module):
+    def forward(self, x):
+        if x.sum() > 0:  # torch.export cannot capture a branch on tensor values
+            return x + 1
+        return x - 1
+
+
+def doubler():
+    return Doubler()
+
+
+def data_dependent():
+    return DataDependent()
+
+
+def not_a_module():
+    return "a string"
+'''
+
+
+def make_project(tmp_path: Path, precompile_toml: str) -> Path:
+    """A src-layout project `mypkg` whose precompile table is `precompile_toml`."""
+    project = tmp_path / "project"
+    (project / "src" / "mypkg").mkdir(parents=True)
+    (project / "src" / "mypkg" / "__init__.py").write_text("")
+    (project / "src" / "mypkg" / "models.py").write_text(MODELS)
+    header = textwrap.dedent(
+        """\
+        [build-system]
+        requires = ["hatchling", "hatch-precompile"]
+        build-backend = "hatchling.build"
+
+        [project]
+        name = "mypkg"
+        version = "1.0"
+
+        [tool.hatch.build.hooks.precompile]
+        """
+    )
+    (project / "pyproject.toml").write_text(header + textwrap.dedent(precompile_toml))
+    return project
+
+
+def build(project: Path) -> tuple[int, str, Path]:
+    """Build a wheel; return (status, output, the build's TMPDIR)."""
+    scratch = project.parent / "tmp"
+    scratch.mkdir(exist_ok=True)
+    result = run(
+        [sys.executable, "-m", "build", "--wheel", "--no-isolation", str(project)],
+        env={**os.environ, "TMPDIR": str(scratch)},
+        check=False,
+    )
+    if result.returncode != 0:
+        assert list((project / "dist").glob("*.whl")) == []
+    return result.returncode, result.stdout + result.stderr, scratch
+
+
+def assert_left_nothing(scratch: Path) -> None:
+    assert [p.name for p in scratch.iterdir() if p.name.startswith("hatch-precompile")] == []
+
+
+def test_all_configuration_errors_are_reported_at_once(tmp_path: Path) -> None:
+    project = make_project(
+        tmp_path,
+        """
+        fallbak = "eager"
+
+        [tool.hatch.build.hooks.precompile.models.m]
+        factory = "mypkg.models:doubler"
+        inputs = [{ shape = ["batch", "seq"], dtype = "float33" }]
+        dims = { batch = { min = 1, max = "64" } }
+        weights = 3
+        """,
+    )
+    status, output, scratch = build(project)
+    assert status != 0
+    prefix = "tool.hatch.build.hooks.precompile"
+    for expected in (
+        "invalid configuration (5 problem(s))",
+        f"{prefix}.fallbak: unknown key; did you mean `fallback`?",
+        f"{prefix}.models.m.inputs[0].dtype: expected one of 'float32'",
+        "found a string 'float33' (did you mean 'float32'?)",
+        f"{prefix}.models.m.dims.batch.max: expected an integer >= 2, found a string '64'",
+        f"{prefix}.models.m.inputs[0].shape: uses dim 'seq', which is not declared in {prefix}.models.m.dims",
+        f"{prefix}.models.m.weights: expected one of 'embed', found an integer 3",
+    ):
+        assert expected in output, expected
+    assert_left_nothing(scratch)
+
+
+MODEL = """
+[tool.hatch.build.hooks.precompile.models.m]
+factory = "{factory}"
+inputs = [{{ shape = ["batch", 8] }}]
+dims = {{ batch = {{ min = 1, max = 16 }} }}
+"""
+
+
+@pytest.mark.parametrize(
+    ("factory", "expected"),
+    [
+        (
+            "mypkg.missing:doubler",
+            "model 'm' failed while importing factory = 'mypkg.missing:doubler': cannot import module 'mypkg.missing': "
+            "ModuleNotFoundError: No module named 'mypkg.missing'",
+        ),
+        ("mypkg.models:nothing", "model 'm' failed while importing factory = 'mypkg.models:nothing': 'mypkg.models' has no attribute 'nothing'"),
+        (
+            "mypkg.models:not_a_module",
+            "model 'm' failed while calling factory 'mypkg.models:not_a_module': expected it to return a torch.nn.Module, got builtins.str",
+        ),
+        ("mypkg.models:data_dependent", "model 'm' failed while capturing with torch.export: "),
+    ],
+)
+def test_a_model_that_cannot_be_built_names_itself_and_the_cause(tmp_path: Path, factory: str, expected: str) -> None:
+    status, output, scratch = build(make_project(tmp_path, MODEL.format(factory=factory)))
+    assert status != 0
+    assert expected in output, output[-3000:]
+    assert_left_nothing(scratch)
+
+
+def test_src_and_flat_layout_projects_both_build(tmp_path: Path) -> None:
+    project = make_project(tmp_path, MODEL.format(factory="mypkg.models:doubler"))
+    status, output, scratch = build(project)
+    assert status == 0, output[-3000:]
+    (project / "src" / "mypkg").rename(project / "mypkg")
+    for wheel in (project / "dist").glob("*.whl"):
+        wheel.unlink()
+    status, output, scratch = build(project)
+    assert status == 0, output[-3000:]
+    assert len(list((project / "dist").glob("mypkg-1.0-cp3*.whl"))) == 1
+    assert_left_nothing(scratch)
+
+
+def test_a_wheel_from_an_sdist_made_with_another_torch_is_refused(tmp_path: Path) -> None:
+    project = make_project(tmp_path, MODEL.format(factory="mypkg.models:doubler"))
+    (project / "PKG-INFO").write_text("Metadata-Version: 2.4\nName: mypkg\nVersion: 1.0\nRequires-Dist: torch==1.0.0\n")
+    status, output, _ = build(project)
+    assert status != 0
+    assert "this sdist was made with torch==1.0.0 but the build environment has torch 2." in output
