@@ -3,6 +3,7 @@
 #   ./dev.sh demo   build the example wheel with the hook, install it in a fresh
 #                   environment, and time the compiled encoder against eager
 #   ./dev.sh test   run the test suite (what CI runs)
+#   ./dev.sh bench  the cold-start benchmark (benchmarks/cold_start.py)
 # TORCH_REQUIREMENT picks the torch for the dev environment (default torch==2.13.0).
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -17,7 +18,7 @@ setup() {
   .venv/bin/python -m pip install --disable-pip-version-check -q -e '.[test]'
 }
 
-demo() {
+install_example() {
   setup
   rm -rf .demo && mkdir -p .demo
   echo "== building hatch-precompile's wheel"
@@ -28,8 +29,18 @@ demo() {
   echo "== installing it into a fresh environment"
   .venv/bin/python -m venv .demo/venv
   .demo/venv/bin/python -m pip install --disable-pip-version-check -q .demo/dist/*.whl
+}
+
+demo() {
+  install_example
   echo "== first output in fresh processes"
   .demo/venv/bin/python scripts/first_output.py
+}
+
+bench() {
+  install_example
+  echo "== benchmark (several minutes: torch.compile runs cold five times)"
+  .demo/venv/bin/python benchmarks/cold_start.py "$@"
 }
 
 test_suite() {
@@ -40,5 +51,6 @@ test_suite() {
 case "${1:-}" in
   demo) demo ;;
   test) shift; test_suite "$@" ;;
-  *) echo "usage: ./dev.sh demo | ./dev.sh test [pytest args]" >&2; exit 2 ;;
+  bench) shift; bench "$@" ;;
+  *) echo "usage: ./dev.sh demo | ./dev.sh test [pytest args] | ./dev.sh bench [benchmark args]" >&2; exit 2 ;;
 esac

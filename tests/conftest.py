@@ -38,6 +38,26 @@ def with_find_links(*folders: Path, base: dict[str, str] | None = None) -> dict[
     return env
 
 
+def no_compiler_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """No C++ compiler reachable (every name is a trap that records its use), and
+    empty private and inductor caches."""
+    traps = tmp_path / "traps"
+    traps.mkdir(exist_ok=True)
+    for name in ("g++", "gcc", "c++", "cc", "clang", "clang++"):
+        trap = traps / name
+        trap.write_text(f"#!/bin/sh\necho {name} >> {tmp_path / 'compiler-used'}\nexit 1\n")
+        trap.chmod(0o755)
+    env = {
+        "PATH": f"{traps}:/usr/bin:/bin",
+        "CXX": str(traps / "c++"),
+        "CC": str(traps / "cc"),
+        "HOME": str(tmp_path / "home"),
+        "HATCH_PRECOMPILE_CACHE_DIR": str(tmp_path / "cache"),
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+    }
+    return {**env, **extra}
+
+
 @dataclass
 class Venv:
     path: Path

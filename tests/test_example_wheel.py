@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import EXAMPLE, REPO, ExampleBuild, Venv, make_venv, run, with_find_links
+from conftest import EXAMPLE, REPO, ExampleBuild, Venv, no_compiler_env, run, with_find_links
 
 pytestmark = pytest.mark.e2e
 
@@ -67,7 +67,7 @@ def test_wheel_holds_loader_manifest_artifact_and_weights(example_build: Example
         for expected in ("__init__.py", "_torch_private.py", "manifest.json"):
             assert PRECOMPILED + expected in names
         encoder = manifest["models"]["encoder"]
-        shipped = [encoder["weights"], *encoder["artifacts"]]
+        shipped = [encoder["weights"], *encoder["artifacts"], *encoder["kernels"].values()]
         for record in shipped:
             data = wheel.read(PRECOMPILED + record["file"])
             assert len(data) == record["size"]
@@ -77,7 +77,9 @@ def test_wheel_holds_loader_manifest_artifact_and_weights(example_build: Example
     (artifact,) = encoder["artifacts"]
     assert artifact["built_with"]["torch"] == torch.__version__
     assert artifact["built_with"]["python"] == f"{sys.version_info.major}.{sys.version_info.minor}"
-    assert artifact["device"] == "cpu" and artifact["file"] == "encoder/cpu.bin"
+    assert artifact["device"] == "cpu" and artifact["file"] == "encoder/cpu-avx2.bin"
+    assert artifact["cpu_target"] == "avx2" and artifact["aten_capability"] == "AVX2"
+    assert set(artifact["kernels"]) == set(encoder["kernels"]) and len(artifact["kernels"]) >= 1
     assert encoder["inputs"]["leaves"] == [{"name": "input_ids", "dtype": "int64", "device": "cpu", "shape": ["batch", 64]}]
     assert encoder["outputs"]["leaves"] == [
         {"dtype": "float32", "shape": ["batch", 64]},
@@ -104,9 +106,10 @@ def test_build_reports_progress_per_model_and_step(example_build: ExampleBuild) 
         assert f"precompile: encoder: {step} (" in example_build.log
 
 
-def test_compiled_encoder_matches_eager_at_several_batch_sizes(deploy_venv: Venv) -> None:
-    report = json.loads(deploy_venv.script(COMPARE_WITH_EAGER).stdout)
-    assert report["repr"] == "<compiled model 'encoder' from encoder/cpu.bin>"
+def test_compiled_encoder_matches_eager_at_several_batch_sizes_with_no_compiler(deploy_venv: Venv, tmp_path: Path) -> None:
+    report = json.loads(deploy_venv.script(COMPARE_WITH_EAGER, env=no_compiler_env(tmp_path)).stdout)
+    assert not (tmp_path / "compiler-used").exists()
+    assert report["repr"] == "<compiled model 'encoder' from encoder/cpu-avx2.bin>"
     assert report["batches"] == {
         str(b): {"embedding": [b, 64], "hidden_states": [b, 64, 64]} for b in (1, 7, 64)
     }

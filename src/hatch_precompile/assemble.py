@@ -77,6 +77,11 @@ def assemble(staging: Path, package: str, fallback: dict[str, str], entries: dic
         entry["artifacts"] = [
             {**a, "file": f"{model}/{a['file']}", **file_record(model_dir / a["file"])} for a in entry["artifacts"]
         ]
+        kernel_keys = sorted({key for a in entry["artifacts"] for key in a["kernels"]})
+        entry["kernels"] = {
+            key: {"file": f"{model}/kernels/{key}.so", **file_record(model_dir / "kernels" / f"{key}.so")}
+            for key in kernel_keys
+        }
         models[model] = entry
     manifest = {"format": MANIFEST_FORMAT, "built_by": f"hatch-precompile {__version__}", "package": package, "models": models}
     (staging / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n", encoding="utf-8")
@@ -85,4 +90,5 @@ def assemble(staging: Path, package: str, fallback: dict[str, str], entries: dic
     for entry in models.values():
         shipped.append(staging / entry["weights"]["file"])
         shipped.extend(staging / a["file"] for a in entry["artifacts"])
+        shipped.extend(staging / k["file"] for k in entry["kernels"].values())
     return {str(path): f"{package}/{PRECOMPILED_DIR}/{path.relative_to(staging).as_posix()}" for path in shipped}

@@ -1,14 +1,17 @@
-"""Compile a captured model, check it against eager, and write its files.
+"""Compile a captured model for each CPU target, check it against eager, write its files.
 
-Runs in the compile worker. Writes into `out_dir` the artifact and the weights
-(the compiled graph takes parameters, buffers and constants as call arguments,
-so they are stored once, as safetensors) and returns the model's manifest entry,
-less the file sizes and hashes, which the hook adds when it assembles the wheel.
+Runs in the compile worker. Writes into `out_dir` the weights (the compiled graph
+takes parameters, buffers and constants as call arguments, so they are stored
+once, as safetensors), one artifact per CPU target, and the compiled kernels each
+artifact loads (`kernels/<key>.so`, shared between targets when identical), and
+returns the model's manifest entry, less the file sizes and hashes, which the
+hook adds when it assembles the wheel.
 """
 
 from __future__ import annotations
 
 import platform
+import shutil
 import sys
 import sysconfig
 from pathlib import Path
@@ -19,6 +22,9 @@ import torch
 from .capture import Captured, _torch_error
 from .errors import ModelBuildError
 from .runtime import _torch_private
+from .targets import CPU_TARGETS, CpuTarget, features_from_flags, is_x86_64
+
+KERNELS_DIR = "kernels"
 
 # Compiled and eager float32 results differ by reassociation and fused math only.
 TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
@@ -27,27 +33,12 @@ _LIFTED_KINDS = ("PARAMETER", "BUFFER", "CONSTANT_TENSOR")
 
 
 def compile_model(model: dict[str, Any], captured: Captured, out_dir: Path) -> dict[str, Any]:
-    name = model["name"]
     exported = captured.exported
     weight_names = [s.target for s in exported.graph_signature.input_specs if s.kind.name in _LIFTED_KINDS]
     weights = [_lifted_tensor(exported, target) for target in weight_names]
-
-    try:
-        artifact = _torch_private.compile_exported(exported, model["options"])
-    except Exception as error:
-        raise ModelBuildError(name, "compiling with inductor", _torch_error(error)) from None
-
-    flat_inputs = _torch_private.tree_leaves((captured.args, captured.kwargs))
-    with torch.no_grad():
-        compiled_out = artifact(*weights, *flat_inputs)
-        eager_out = _torch_private.tree_leaves(captured.module(*captured.args, **captured.kwargs))
-    _check_matches_eager(name, compiled_out, eager_out)
-
-    artifact_file = out_dir / "cpu.bin"
-    _torch_private.save_artifact(artifact, str(artifact_file))
     weights_file = out_dir / "weights.safetensors"
     _save_weights(weight_names, weights, weights_file)
-
+    artifacts = [_compile_for_target(model, captured, weights, target, out_dir) for target in cpu_targets(model)]
     return {
         "factory": model["factory"],
         "inputs": {"tree": captured.input_tree, "leaves": captured.input_leaves},
@@ -57,14 +48,64 @@ def compile_model(model: dict[str, Any], captured: Captured, out_dir: Path) -> d
         },
         "dims": {d: {"min": spec["min"], "max": spec["max"]} for d, spec in model["dims"].items()},
         "weights": {"file": weights_file.name, "order": weight_names},
-        "artifacts": [
-            {
-                "file": artifact_file.name,
-                "device": "cpu",
-                "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-                "built_with": build_environment(),
-            }
-        ],
+        "artifacts": artifacts,
+    }
+
+
+def cpu_targets(model: dict[str, Any]) -> list[CpuTarget]:
+    """The configured x86-64 targets; elsewhere one target for the build machine's CPU."""
+    if is_x86_64():
+        return [CPU_TARGETS[name] for name in model["cpu_targets"]]
+    features = tuple(sorted(k for k, v in torch.cpu.get_capabilities().items() if v is True))
+    return [CpuTarget("host", simdlen=0, march="", features=features, aten_capability="DEFAULT")]
+
+
+def _compile_for_target(
+    model: dict[str, Any], captured: Captured, weights: list[torch.Tensor], target: CpuTarget, out_dir: Path
+) -> dict[str, Any]:
+    name = model["name"]
+    step = f"compiling for CPU target {target.name!r}"
+    config = {**model["options"]}
+    isa, isa_flags = "", ""
+    if target.simdlen:
+        isa, isa_flags = _torch_private.vector_isa(target.simdlen)
+        if not isa:
+            raise ModelBuildError(
+                name,
+                step,
+                f"this build machine's CPU has no {target.aten_capability} ({target.simdlen}-bit vectors), and inductor "
+                f"only generates vector code the build machine can run; build on a machine with {target.aten_capability} "
+                f"or remove {target.name!r} from cpu-targets",
+            )
+        config.update(target.inductor_config())
+
+    with _torch_private.captured_kernels() as built:
+        try:
+            artifact = _torch_private.compile_exported(captured.exported, config)
+        except Exception as error:
+            raise ModelBuildError(name, step, _torch_error(error)) from None
+        flat_inputs = _torch_private.tree_leaves((captured.args, captured.kwargs))
+        with torch.no_grad():
+            compiled_out = artifact(*weights, *flat_inputs)
+            eager_out = _torch_private.tree_leaves(captured.module(*captured.args, **captured.kwargs))
+        _check_matches_eager(name, compiled_out, eager_out)
+        kernel_files = {key: path() for key, path in built.items()}
+
+    kernels_dir = out_dir / KERNELS_DIR
+    kernels_dir.mkdir(exist_ok=True)
+    for key, path in kernel_files.items():
+        shutil.copyfile(path, kernels_dir / f"{key}.so")
+    artifact_file = out_dir / f"cpu-{target.name}.bin"
+    _torch_private.save_artifact(artifact, str(artifact_file))
+    return {
+        "file": artifact_file.name,
+        "device": "cpu",
+        "cpu_target": target.name,
+        "cpu_features": sorted({*target.features, *features_from_flags(isa_flags)}),
+        "aten_capability": target.aten_capability,
+        "vector_isa": isa,
+        "kernels": sorted(kernel_files),
+        "built_with": build_environment(),
     }
 
 

@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from .targets import CPU_TARGETS, DEFAULT_CPU_TARGETS
+
 TABLE = "tool.hatch.build.hooks.precompile"
 
 # Keys hatchling itself reads from every build-hook table.
@@ -22,6 +24,7 @@ HATCHLING_KEYS = frozenset(
 
 DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
 FALLBACKS = ("eager", "error")
+CPU_TARGET_NAMES = tuple(CPU_TARGETS)
 WEIGHTS = ("embed",)
 
 _MODEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -65,6 +68,7 @@ class ModelConfig:
     factory: str
     fallback: str
     weights: str
+    cpu_targets: tuple[str, ...] = DEFAULT_CPU_TARGETS
     args: tuple[TensorInput, ...] = ()
     kwargs: dict[str, TensorInput] = field(default_factory=dict)
     example_inputs: str | None = None
@@ -83,6 +87,7 @@ class ModelConfig:
                 d.name: {"min": d.min, "max": d.max, "axes": [list(a) for a in d.axes]} for d in self.dims.values()
             },
             "options": self.options,
+            "cpu_targets": list(self.cpu_targets),
         }
 
 
@@ -90,6 +95,7 @@ class ModelConfig:
 class PrecompileConfig:
     package: str | None  # None: the project's single top-level package, found by the hook
     fallback: str
+    cpu_targets: tuple[str, ...]
     models: dict[str, ModelConfig]
 
 
@@ -163,12 +169,13 @@ def _describe(value: Any) -> str:
 def parse_config(raw: dict[str, Any]) -> PrecompileConfig:
     """Validate the hook's table (as hatchling hands it over) and return its typed form."""
     check = _Checker()
-    check.keys(raw, TABLE, sorted({"package", "fallback", "models"} | HATCHLING_KEYS))
+    check.keys(raw, TABLE, sorted({"package", "fallback", "cpu-targets", "models"} | HATCHLING_KEYS))
 
     package = raw.get("package")
     if package is not None:
         package = check.string(package, f"{TABLE}.package", _PACKAGE_NAME, "an import package name such as 'my_pkg'")
     fallback = check.choice(raw.get("fallback", "eager"), f"{TABLE}.fallback", FALLBACKS) or "eager"
+    cpu_targets = _parse_cpu_targets(check, raw.get("cpu-targets", list(DEFAULT_CPU_TARGETS)), f"{TABLE}.cpu-targets")
 
     models: dict[str, ModelConfig] = {}
     raw_models = check.table(raw.get("models", {}), f"{TABLE}.models")
@@ -180,19 +187,21 @@ def parse_config(raw: dict[str, Any]) -> PrecompileConfig:
             check.fail(path, f"model names must be Python identifiers (letters, digits, _), found {name!r}")
         model_table = check.table(raw_model, path)
         if model_table is not None:
-            model = _parse_model(check, name, model_table, path, fallback)
+            model = _parse_model(check, name, model_table, path, fallback, cpu_targets)
             if model is not None:
                 models[name] = model
 
     if check.problems:
         raise ConfigError(check.problems)
-    return PrecompileConfig(package=package, fallback=fallback, models=models)
+    return PrecompileConfig(package=package, fallback=fallback, cpu_targets=cpu_targets, models=models)
 
 
-_MODEL_KEYS = ("factory", "inputs", "kwargs", "example-inputs", "dims", "weights", "options", "fallback")
+_MODEL_KEYS = ("factory", "inputs", "kwargs", "example-inputs", "dims", "weights", "options", "fallback", "cpu-targets")
 
 
-def _parse_model(check: _Checker, name: str, raw: dict[str, Any], path: str, fallback: str) -> ModelConfig | None:
+def _parse_model(
+    check: _Checker, name: str, raw: dict[str, Any], path: str, fallback: str, cpu_targets: tuple[str, ...]
+) -> ModelConfig | None:
     before = len(check.problems)
     check.keys(raw, path, _MODEL_KEYS)
 
@@ -229,6 +238,8 @@ def _parse_model(check: _Checker, name: str, raw: dict[str, Any], path: str, fal
     weights = check.choice(raw.get("weights", "embed"), f"{path}.weights", WEIGHTS)
     options = check.table(raw.get("options", {}), f"{path}.options")
     model_fallback = check.choice(raw.get("fallback", fallback), f"{path}.fallback", FALLBACKS)
+    if "cpu-targets" in raw:
+        cpu_targets = _parse_cpu_targets(check, raw["cpu-targets"], f"{path}.cpu-targets")
 
     if len(check.problems) > before or factory is None or weights is None or options is None:
         return None
@@ -237,6 +248,7 @@ def _parse_model(check: _Checker, name: str, raw: dict[str, Any], path: str, fal
         factory=factory,
         fallback=model_fallback or fallback,
         weights=weights,
+        cpu_targets=cpu_targets,
         args=args,
         kwargs=kwargs,
         example_inputs=example_inputs,
@@ -250,6 +262,16 @@ def _array(check: _Checker, value: Any, path: str) -> list[Any]:
         return value
     check.fail(path, f"expected an array, found {_describe(value)}")
     return []
+
+
+def _parse_cpu_targets(check: _Checker, raw: Any, path: str) -> tuple[str, ...]:
+    items = _array(check, raw, path)
+    if isinstance(raw, list) and not raw:
+        check.fail(path, f"expected at least one of {', '.join(repr(t) for t in CPU_TARGET_NAMES)}, found []")
+    targets = [t for i, item in enumerate(items) if (t := check.choice(item, f"{path}[{i}]", CPU_TARGET_NAMES))]
+    if len(set(targets)) != len(targets):
+        check.fail(path, f"lists a target twice: {targets}")
+    return tuple(targets) or DEFAULT_CPU_TARGETS
 
 
 def _parse_input(check: _Checker, raw: Any, path: str) -> TensorInput | None:

@@ -22,13 +22,16 @@ built without the hook, another torch or Python), the model's `fallback` decides
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
+import os
 import sys
+import tempfile
 import threading
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 __all__ = ["load_compiled", "PrecompiledModelError", "PrecompiledFallbackWarning"]
 
@@ -36,6 +39,8 @@ _HERE = Path(__file__).resolve().parent
 _MANIFEST = _HERE / "manifest.json"
 _CONFIG_TABLE = ("tool", "hatch", "build", "hooks", "precompile")
 MANIFEST_FORMAT = 1
+CPU_TARGET_VARIABLE = "HATCH_PRECOMPILE_CPU_TARGET"  # force one CPU target (if the CPU can run it)
+CACHE_DIR_VARIABLE = "HATCH_PRECOMPILE_CACHE_DIR"  # where loading may write (default ~/.cache/hatch-precompile)
 
 
 class PrecompiledModelError(RuntimeError):
@@ -96,30 +101,61 @@ def _read_manifest() -> dict[str, Any] | None:
 
 # --- Choosing an artifact ------------------------------------------------------------
 
+# torch.backends.cpu.get_cpu_capability() levels, lowest first; it honours a user's
+# ATEN_CPU_CAPABILITY downgrade, so a variant above it is never picked.
+_ATEN_LEVELS = ("DEFAULT", "AVX2", "AVX512")
 
-def _running_environment() -> dict[str, str]:
+
+def _running_environment() -> dict[str, Any]:
     import torch
 
     return {
         "torch": torch.__version__,
         "torch_git": torch.version.git_version,
         "python": f"{sys.version_info.major}.{sys.version_info.minor}",
+        "cpu_features": {name for name, present in torch.cpu.get_capabilities().items() if present is True},
+        "aten_capability": torch.backends.cpu.get_cpu_capability(),
     }
 
 
 def _pick_artifact(model: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
-    """The first shipped artifact this process can run, or None and why none fits."""
+    """The best shipped artifact this process can run, or None and why none fits.
+
+    Decided from the manifest alone: nothing is unpickled and no native code is
+    loaded for a variant that does not fit."""
     here = _running_environment()
-    mismatches = []
-    for artifact in model["artifacts"]:
+    candidates = sorted(model["artifacts"], key=lambda a: _aten_level(a["aten_capability"]), reverse=True)
+    forced = os.environ.get(CPU_TARGET_VARIABLE)
+    if forced:
+        candidates = [a for a in candidates if a["cpu_target"] == forced]
+        if not candidates:
+            shipped = ", ".join(a["cpu_target"] for a in model["artifacts"])
+            return None, f"{CPU_TARGET_VARIABLE}={forced} but the shipped CPU targets are: {shipped}"
+    reasons = []
+    for artifact in candidates:
         built = artifact["built_with"]
-        differences = [
-            f"{what} {built[what]} (running {here[what]})" for what in ("torch", "torch_git", "python") if built[what] != here[what]
+        problems = [
+            f"built with {what} {built[what]} (running {here[what]})"
+            for what in ("torch", "torch_git", "python")
+            if built[what] != here[what]
         ]
-        if not differences:
+        missing = sorted(set(artifact["cpu_features"]) - here["cpu_features"])
+        if missing:
+            problems.append(f"needs CPU features {', '.join(missing)}, which this CPU lacks")
+        if _aten_level(artifact["aten_capability"]) > _aten_level(here["aten_capability"]):
+            problems.append(
+                f"needs {artifact['aten_capability']} kernels but torch runs {here['aten_capability']} ones here "
+                "(see ATEN_CPU_CAPABILITY)"
+            )
+        if not problems:
             return artifact, ""
-        mismatches.append(f"{artifact['file']}: built with " + ", ".join(differences))
-    return None, "no shipped artifact fits this process: " + "; ".join(mismatches)
+        reasons.append(f"{artifact['file']} ({artifact['cpu_target']}): " + "; ".join(problems))
+    found = ", ".join(sorted(here["cpu_features"])) or "none"
+    return None, f"no shipped artifact fits this process: {' | '.join(reasons)}. CPU features found: {found}"
+
+
+def _aten_level(capability: str) -> int:
+    return _ATEN_LEVELS.index(capability) if capability in _ATEN_LEVELS else 0
 
 
 # --- The compiled model --------------------------------------------------------------
@@ -137,8 +173,13 @@ class CompiledModel:
         self._outputs = model["outputs"]
         self._dims = model["dims"]
         self._weights = _load_weights(model["weights"]) if "weights" in model else []
+        kernels = {key: _HERE / model["kernels"][key]["file"] for key in artifact["kernels"]}
+        for key, path in kernels.items():
+            if not path.is_file():
+                raise PrecompiledModelError(f"model {name!r}: compiled kernel {key} is missing: {path}")
         _key, payload = _torch_private.split_artifact((_HERE / artifact["file"]).read_bytes())
-        self._compiled = _torch_private.deserialize_artifact(payload)
+        with _private_inductor_cache(), _torch_private.shipped_kernels(kernels):
+            self._compiled = _torch_private.deserialize_artifact(payload)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         flat_inputs = _flatten_call(self.name, self._inputs["tree"], args, kwargs)
@@ -148,6 +189,46 @@ class CompiledModel:
 
     def __repr__(self) -> str:
         return f"<compiled model {self.name!r} from {self.artifact_file}>"
+
+
+@contextlib.contextmanager
+def _private_inductor_cache() -> Iterator[None]:
+    """Point inductor at this user's private cache while loading: it writes the
+    artifact's Python wrapper there and imports it, so a shared, world-writable
+    directory (inductor's default is under /tmp) would let others plant code."""
+    previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(_private_cache_dir() / "inductor")
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
+
+
+def _private_cache_dir() -> Path:
+    """$HATCH_PRECOMPILE_CACHE_DIR, else ~/.cache/hatch-precompile (XDG_CACHE_HOME
+    honoured), created 0700; if that cannot be created, a fresh private temporary
+    directory. A directory that others can write to, or that another user owns,
+    is refused."""
+    configured = os.environ.get(CACHE_DIR_VARIABLE)
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    directory = Path(configured) if configured else base / "hatch-precompile"
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError:
+        if configured:
+            raise
+        return Path(tempfile.mkdtemp(prefix="hatch-precompile-"))
+    info = directory.stat()
+    if info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise PrecompiledModelError(
+            f"refusing cache directory {directory}: it must be owned by you and private (mode 0700), "
+            f"found owner uid {info.st_uid} and mode {oct(info.st_mode & 0o777)}; "
+            f"fix it or set {CACHE_DIR_VARIABLE} to another directory"
+        )
+    return directory
 
 
 def _load_weights(weights: dict[str, Any]) -> list[Any]:

@@ -21,14 +21,32 @@ What it relies on (measured on torch 2.13):
   stores its fakes under `meta["val"]`. Copying them across makes the compile use
   export's ShapeEnv, so exactly the export Dims are symbolic; without it every
   size of every input, weights included, becomes symbolic.
+- Inductor loads each compiled CPU kernel through
+  `CppPythonBindingsCodeCache.load_pybinding_async(argtypes, main_code, ...,
+  kernel_code=...)`, which compiles the source with the local C++ compiler and
+  returns a thunk giving the extension's entry function. Loading an artifact
+  calls it again with the same source, and compiles again, for the running CPU
+  (not the one the source was generated for: an AVX2 kernel rebuilt for AVX512
+  corrupts memory). We key each kernel by what the artifact itself supplies
+  (argument types and source), keep the `.so` built at compile time, and at load
+  answer that call with the shipped `.so`, loaded by the class's own
+  `_load_library` (it sets the environment variable the extension's init reads).
+  The parameters changed across releases, so arguments are bound by name.
+- `torch._inductor.cpu_vec_isa.pick_vec_isa()` under `config.cpp.simdlen`
+  names the vector ISA a compile targets, with the compiler flags it adds.
 - `torch.utils._pytree.tree_leaves` flattens in the order export's call spec
   uses, and its `TreeSpec` exposes `type`, `context`, `is_leaf()` and `children()`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import inspect
+import json
 import zlib
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any, Callable, Iterator
 
 ARTIFACT_HEADER = b"AOTCompiledArtifact"
 _CRC_SIZE = 4
@@ -75,7 +93,92 @@ def torch_key() -> bytes:
     return key()
 
 
+def kernel_key(arguments: dict[str, Any]) -> str:
+    """A kernel's identity, from the arguments of `load_pybinding_async` that the
+    artifact supplies (never from compiler flags, which hold local paths)."""
+    identity = [
+        list(arguments["argtypes"]),
+        arguments["main_code"],
+        arguments["kernel_code"],
+        arguments["num_outputs"],
+        arguments["device_type"],
+        list(arguments["extra_flags"]),
+    ]
+    return hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:40]
+
+
+def _bind(signature: inspect.Signature, cls: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
+    bound = signature.bind(cls, *args, **kwargs)
+    bound.apply_defaults()
+    return bound.arguments
+
+
+def _kernel_loader() -> tuple[Any, Callable[..., Any], inspect.Signature]:
+    from torch._inductor.codecache import CppPythonBindingsCodeCache
+
+    original = CppPythonBindingsCodeCache.__dict__["load_pybinding_async"].__func__
+    return CppPythonBindingsCodeCache, original, inspect.signature(original)
+
+
+@contextlib.contextmanager
+def shipped_kernels(kernels: dict[str, Path]) -> Iterator[None]:
+    """While active, compiled CPU kernels come from `kernels` (key -> `.so`), never
+    from a compiler. A kernel not in `kernels` raises `MissingKernelError`."""
+    cls, original, signature = _kernel_loader()
+
+    def load_shipped(loader_cls: Any, *args: Any, **kwargs: Any) -> Callable[[], Any]:
+        key = kernel_key(_bind(signature, loader_cls, args, kwargs))
+        if key not in kernels:
+            raise MissingKernelError(f"compiled kernel {key} is not shipped with this artifact (refusing to compile it here)")
+        library = loader_cls._load_library(str(kernels[key]), f"hatch_precompile_{key}")
+        entry = getattr(library, loader_cls.entry_function)
+        return lambda: entry
+
+    cls.load_pybinding_async = classmethod(load_shipped)
+    try:
+        yield
+    finally:
+        cls.load_pybinding_async = classmethod(original)
+
+
+class MissingKernelError(RuntimeError):
+    """The artifact asked for a compiled kernel the wheel does not carry."""
+
+
 # --- Build side only -------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def captured_kernels() -> Iterator[dict[str, Callable[[], str]]]:
+    """While active, record every CPU kernel inductor builds: key -> thunk giving
+    the path of its compiled `.so` (call it once compilation has finished)."""
+    cls, original, signature = _kernel_loader()
+    built: dict[str, Callable[[], str]] = {}
+
+    def record(loader_cls: Any, *args: Any, **kwargs: Any) -> Callable[[], Any]:
+        key = kernel_key(_bind(signature, loader_cls, args, kwargs))
+        get_entry = original(loader_cls, *args, **kwargs)
+        built[key] = lambda: get_entry().__self__.__file__  # the entry function's module
+        return get_entry
+
+    cls.load_pybinding_async = classmethod(record)
+    try:
+        yield built
+    finally:
+        cls.load_pybinding_async = classmethod(original)
+
+
+def vector_isa(simdlen: int) -> tuple[str, str]:
+    """(name, compiler flags) of the vector ISA inductor picks for `simdlen` bits here."""
+    from torch._inductor import config
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    with config.patch({"cpp.simdlen": simdlen}):
+        isa = pick_vec_isa()
+    if not isa:
+        return "", ""
+    return str(isa), isa.build_arch_flags()
+
 
 
 def compile_exported(exported: Any, inductor_config: dict[str, Any]) -> Any:
