@@ -75,12 +75,20 @@ def capture(model: dict[str, Any]) -> Captured:
 
     export_dims = {d: torch.export.Dim(d, min=spec["min"], max=spec["max"]) for d, spec in model["dims"].items()}
 
-    def dynamic(axes: dict[int, str]) -> dict[int, Any] | None:
+    def dynamic(value: Any, axes: dict[int, str]) -> Any:
+        """export's dynamic_shapes entry for one input: Dims by axis for a tensor,
+        the same structure with None leaves (all static) for a container."""
+        if isinstance(value, (tuple, list)):
+            return type(value)(dynamic(item, {}) for item in value)
+        if isinstance(value, dict):
+            return {key: dynamic(item, {}) for key, item in value.items()}
         return {axis: export_dims[d] for axis, d in axes.items()} or None
 
+    signature = inspect.signature(module.forward)
     try:
-        bound = inspect.signature(module.forward).bind(
-            *[dynamic(a) for a in arg_dims], **{k: dynamic(a) for k, a in kwarg_dims.items()}
+        bound = signature.bind(
+            *[dynamic(value, axes) for value, axes in zip(args, arg_dims)],
+            **{key: dynamic(kwargs[key], axes) for key, axes in kwarg_dims.items()},
         )
     except TypeError as error:
         raise ModelBuildError(name, "matching inputs to forward()", f"the declared inputs do not fit forward(): {error}") from None
@@ -91,42 +99,41 @@ def capture(model: dict[str, Any]) -> Captured:
     except Exception as error:
         raise ModelBuildError(name, "capturing with torch.export", _torch_error(error)) from None
 
-    positional_names = list(bound.arguments)[: len(args)]
     input_tree = treespec_to_json(exported.call_spec.in_spec)
-    leaves = _name_leaves(input_tree, (args, kwargs), positional_names)
-    dims_of = {("args", i): arg_dims[i] for i in range(len(args))} | {("kwargs", k): d for k, d in kwarg_dims.items()}
-    input_leaves = [
-        {
-            "name": leaf_name,
-            "dtype": str(value.dtype).removeprefix("torch."),
-            "device": value.device.type,
-            "shape": [dims_of.get(top, {}).get(axis, size) if nested is False else size for axis, size in enumerate(value.shape)],
-        }
-        for leaf_name, top, nested, value in leaves
-    ]
-    return Captured(module, exported, args, kwargs, input_tree, input_leaves)
+    positional = [p.name for p in signature.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    leaves = _describe_inputs(input_tree, args, kwargs, positional, arg_dims, kwarg_dims)
+    return Captured(module, exported, args, kwargs, input_tree, leaves)
 
 
-def _name_leaves(tree: dict[str, Any], call: tuple, positional_names: list[str]) -> list[tuple[str, Any, bool, Any]]:
-    """(name, top-level input, is nested, tensor) for each leaf, in the compiled order."""
-    leaves: list[tuple[str, Any, bool, Any]] = []
+def _describe_inputs(
+    tree: dict[str, Any],
+    args: tuple,
+    kwargs: dict[str, Any],
+    positional: list[str],
+    arg_dims: list[dict[int, str]],
+    kwarg_dims: dict[str, dict[int, str]],
+) -> list[dict[str, Any]]:
+    """Name, dtype, device and shape (dim names for dynamic sizes) of each tensor
+    the compiled graph takes, in its order. Inputs are named after forward()'s
+    parameters; only top-level tensors have dynamic dims."""
+    leaves: list[dict[str, Any]] = []
 
-    def walk(spec: dict[str, Any], value: Any, name: str, top: Any, nested: bool) -> None:
+    def walk(spec: dict[str, Any], value: Any, name: str, dims: dict[int, str]) -> None:
         if spec["type"] == "leaf":
             if not isinstance(value, torch.Tensor):
                 raise TypeError(f"input {name} is a {type(value).__name__}; only tensor inputs are supported yet")
-            leaves.append((name, top, nested, value))
+            shape = [dims.get(axis, size) for axis, size in enumerate(value.shape)]
+            leaves.append({"name": name, "dtype": str(value.dtype).removeprefix("torch."), "device": value.device.type, "shape": shape})
             return
         keys = spec.get("keys", range(len(spec["children"])))
         for key, child in zip(keys, spec["children"]):
-            suffix = f"[{key!r}]" if spec["type"] == "dict" else f"[{key}]"
-            walk(child, value[key], name + suffix, top, True)
+            walk(child, value[key], f"{name}[{key!r}]" if spec["type"] == "dict" else f"{name}[{key}]", {})
 
     args_spec, kwargs_spec = tree["children"]
-    for i, (child, value) in enumerate(zip(args_spec["children"], call[0])):
-        walk(child, value, positional_names[i], ("args", i), False)
+    for i, (child, value) in enumerate(zip(args_spec["children"], args)):
+        walk(child, value, positional[i] if i < len(positional) else f"args[{i}]", arg_dims[i])
     for key, child in zip(kwargs_spec.get("keys", []), kwargs_spec["children"]):
-        walk(child, call[1][key], key, ("kwargs", key), False)
+        walk(child, kwargs[key], key, kwarg_dims.get(key, {}))
     return leaves
 
 

@@ -11,13 +11,25 @@ standard library only (safetensors when a model ships its weights).
     out = encoder(input_ids)             # same arguments and outputs as the module
 
 Beside this file, in a built wheel: `manifest.json` (what was compiled, for which
-torch, Python and platform, with file sizes and sha256) and one folder per model
-holding its compiled artifact(s) and weights.
+torch, Python, platform and CPU, with file sizes and sha256) and one folder per
+model holding one artifact per CPU target, the compiled kernels those load
+(`kernels/*.so`) and the weights.
+
+Loading picks the best artifact this process can run, from the manifest alone:
+same torch build and Python, every CPU feature the target needs, and kernels no
+wider than torch itself uses here (so ATEN_CPU_CAPABILITY=avx2 also limits us).
+Then it unpickles the artifact and hands inductor the shipped kernels when it
+asks to compile them: no C++ compiler runs, and a kernel that is not shipped is
+an error. Inductor writes the artifact's Python wrapper into a private cache.
 
 Where no shipped artifact fits (a source checkout, an editable install, a wheel
-built without the hook, another torch or Python), the model's `fallback` decides:
-"eager" builds the module with its factory and warns once; "error" raises
-`PrecompiledModelError`. Either way the message says why and how to get one.
+built without the hook, another torch, Python or CPU), the model's `fallback`
+decides: "eager" builds the module with its factory and warns once; "error"
+raises `PrecompiledModelError`. Either way the message says why and how to get one.
+
+Environment variables:
+  HATCH_PRECOMPILE_CPU_TARGET  use only this CPU target ("avx2", "avx512")
+  HATCH_PRECOMPILE_CACHE_DIR   the private cache (default ~/.cache/hatch-precompile)
 """
 
 from __future__ import annotations

@@ -1,0 +1,119 @@
+"""Models declared with keyword inputs and with an `example-inputs` callable,
+built with the real hook, installed, and called in a fresh process."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conftest import Venv, no_compiler_env, run
+
+pytestmark = pytest.mark.e2e
+
+MODELS = '''
+import torch
+from torch import nn
+
+
+class Masked(nn.Module):
+    """Mean of the unmasked token vectors: a positional and a keyword input."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(50, 16)
+
+    def forward(self, input_ids, attention_mask):
+        mask = attention_mask.unsqueeze(-1).to(torch.float32)
+        return (self.embed(input_ids) * mask).sum(1) / mask.sum(1).clamp(min=1)
+
+
+class Pair(nn.Module):
+    """Takes a tuple of two tensors: something a shape list cannot describe."""
+
+    def forward(self, pair, scale):
+        left, right = pair
+        return {"sum": (left + right) * scale, "parts": [left * 2, right]}
+
+
+def masked():
+    return Masked().eval()
+
+
+def pair():
+    return Pair().eval()
+
+
+def pair_inputs():
+    return ((torch.randn(1, 5), torch.randn(1, 5)),), {"scale": torch.randn(3, 1)}
+'''
+
+PYPROJECT = """
+[build-system]
+requires = ["hatchling", "hatch-precompile"]
+build-backend = "hatchling.build"
+
+[project]
+name = "sigpkg"
+version = "1.0"
+
+[tool.hatch.build.hooks.precompile]
+fallback = "error"
+
+[tool.hatch.build.hooks.precompile.models.masked]
+factory = "sigpkg.models:masked"
+inputs = [{ shape = ["batch", "length"], dtype = "int64", range = [0, 50] }]
+kwargs = { attention_mask = { shape = ["batch", "length"], dtype = "int64", range = [0, 2] } }
+dims = { batch = { min = 1, max = 32 }, length = { min = 2, max = 128 } }
+
+[tool.hatch.build.hooks.precompile.models.pair]
+factory = "sigpkg.models:pair"
+example-inputs = "sigpkg.models:pair_inputs"
+dims = { batch = { min = 1, max = 16, axes = ["scale:0"] } }
+"""
+
+CALLS = """
+import json, torch
+from sigpkg import load_compiled
+from sigpkg.models import masked, pair
+report = {}
+ids = torch.randint(0, 50, (4, 9))
+mask = (torch.rand(4, 9) > 0.3).long()
+out = load_compiled("masked")(ids, attention_mask=mask)
+torch.testing.assert_close(out, masked()(ids, attention_mask=mask), rtol=1e-4, atol=1e-5)
+report["masked"] = list(out.shape)
+try:
+    load_compiled("masked")(ids, attention_mask=mask[:3])
+except ValueError as error:
+    report["mismatch"] = str(error)
+args = ((torch.randn(1, 5), torch.randn(1, 5)), torch.randn(3, 1))
+out = load_compiled("pair")(args[0], scale=torch.randn(7, 1))
+report["pair_structure"] = [type(out).__name__, sorted(out), type(out["parts"]).__name__]
+report["pair_shape"] = list(out["sum"].shape)
+with torch.no_grad():
+    eager = pair()(args[0], scale=args[1])
+torch.testing.assert_close(load_compiled("pair")(args[0], scale=args[1]), eager)
+print(json.dumps(report))
+"""
+
+
+def test_keyword_and_example_input_models_round_trip(torch_venv: Venv, tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    (project / "src" / "sigpkg").mkdir(parents=True)
+    (project / "src" / "sigpkg" / "__init__.py").write_text("from ._precompiled import load_compiled\n")
+    (project / "src" / "sigpkg" / "models.py").write_text(MODELS)
+    (project / "pyproject.toml").write_text(textwrap.dedent(PYPROJECT))
+    run([sys.executable, "-m", "hatch_precompile", "init", str(project / "src" / "sigpkg")])
+    run([sys.executable, "-m", "build", "--wheel", "--no-isolation", str(project)])
+    (wheel,) = (project / "dist").glob("*.whl")
+    torch_venv.pip("--no-deps", str(wheel))
+
+    report = json.loads(torch_venv.script(CALLS, env=no_compiler_env(tmp_path)).stdout)
+    assert report["masked"] == [4, 16]
+    assert report["mismatch"] == "model 'masked', input attention_mask: dim 'batch' is 3 here but 4 in input input_ids"
+    assert report["pair_structure"] == ["dict", ["parts", "sum"], "list"]
+    assert report["pair_shape"] == [7, 5]
