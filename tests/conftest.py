@@ -8,6 +8,8 @@ CPU build). Nothing here mocks torch or hatchling.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -56,6 +58,14 @@ def no_compiler_env(tmp_path: Path, **extra: str) -> dict[str, str]:
         "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
     }
     return {**env, **extra}
+
+
+def reseal(manifest_path: Path, manifest: dict) -> None:
+    """Rewrite an installed manifest and the digest the loader checks it against,
+    as a consistent (if wrong) build would have written them."""
+    data = json.dumps(manifest).encode()
+    manifest_path.write_bytes(data)
+    (manifest_path.parent / "_build.py").write_text(f'MANIFEST_SHA256 = "{hashlib.sha256(data).hexdigest()}"\n')
 
 
 @dataclass

@@ -134,6 +134,8 @@ def test_deployed_wheel_needs_neither_the_plugin_nor_a_torch_import_at_package_i
         ("enc(ids, mask=ids)", "missing none, unexpected ['mask']"),
         ("enc(ids.tolist())", "input input_ids: expected a tensor, got list"),
         ("enc(ids[0])", "expected 2 dimensions ['batch', 64], got shape [64]"),
+        ("enc(ids.to('meta'))", "input input_ids: expected a tensor on cpu, got one on meta"),
+        ("enc(input_ids=ids)", "expected 1 positional argument(s), got 0"),
     ],
 )
 def test_bad_calls_raise_value_errors_naming_model_and_input(deploy_venv: Venv, call: str, message: str) -> None:

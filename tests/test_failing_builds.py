@@ -5,8 +5,11 @@ leaving no wheel and no scratch files behind."""
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -146,6 +149,15 @@ def test_a_model_that_cannot_be_built_names_itself_and_the_cause(tmp_path: Path,
     assert_left_nothing(scratch)
 
 
+def test_a_model_that_fails_to_compile_names_itself_and_torchs_error(tmp_path: Path) -> None:
+    toml = MODEL.format(factory="mypkg.models:doubler") + 'options = { "cpp.no_such_option" = 1 }\n'
+    status, output, scratch = build(make_project(tmp_path, toml))
+    assert status != 0
+    assert "model 'm' failed while compiling for CPU target 'avx2': " in output
+    assert "cpp.no_such_option" in output
+    assert_left_nothing(scratch)
+
+
 def test_src_and_flat_layout_projects_both_build(tmp_path: Path) -> None:
     project = make_project(tmp_path, MODEL.format(factory="mypkg.models:doubler"))
     status, output, scratch = build(project)
@@ -165,3 +177,46 @@ def test_a_wheel_from_an_sdist_made_with_another_torch_is_refused(tmp_path: Path
     status, output, _ = build(project)
     assert status != 0
     assert "this sdist was made with torch==1.0.0 but the build environment has torch 2." in output
+
+
+def _processes(*needles: str) -> set[int]:
+    """Pids whose command line mentions any of `needles`."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if entry.name.isdigit() and any(n in command for n in needles):
+            found.add(int(entry.name))
+    return found
+
+
+def test_interrupting_a_build_leaves_no_child_processes_and_no_scratch(tmp_path: Path) -> None:
+    project = make_project(tmp_path, MODEL.format(factory="mypkg.models:doubler"))
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    children = ("hatch_precompile.worker", "compile_worker")
+    already_running = _processes(*children)
+    build = subprocess.Popen(
+        [sys.executable, "-m", "build", "--wheel", "--no-isolation", str(project)],
+        env={**os.environ, "TMPDIR": str(scratch)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # its own process group, as a terminal's Ctrl-C would reach
+    )
+    deadline = time.monotonic() + 120
+    while not _processes("hatch_precompile.worker") - already_running and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _processes("hatch_precompile.worker") - already_running, "the compile worker never started"
+    (staging,) = [p for p in scratch.iterdir() if p.name.startswith("hatch-precompile-")]
+    assert staging.stat().st_mode & 0o777 == 0o700  # private, with an unpredictable name
+    time.sleep(1)  # let it get into torch
+    os.killpg(build.pid, signal.SIGINT)
+    assert build.wait(timeout=60) != 0
+    deadline = time.monotonic() + 15
+    while _processes(*children) - already_running and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _processes(*children) - already_running == set()
+    assert_left_nothing(scratch)
+    assert list((project / "dist").glob("*.whl")) == []

@@ -23,6 +23,7 @@ RUNTIME_DIR = Path(__file__).parent / "runtime"
 # The files of `runtime/` that go into every wheel, as `<package>/_precompiled/<name>`.
 RUNTIME_FILES = ("__init__.py", "_torch_private.py")
 PRECOMPILED_DIR = "_precompiled"
+BUILD_MODULE = "_build.py"  # generated per build: the manifest's digest
 SAFETENSORS_REQUIREMENT = "safetensors>=0.4"
 
 
@@ -84,9 +85,16 @@ def assemble(staging: Path, package: str, fallback: dict[str, str], entries: dic
         }
         models[model] = entry
     manifest = {"format": MANIFEST_FORMAT, "built_by": f"hatch-precompile {__version__}", "package": package, "models": models}
-    (staging / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    manifest_bytes = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
+    (staging / "manifest.json").write_bytes(manifest_bytes)
+    # The loader checks the manifest against this digest; the wheel's RECORD covers this file.
+    (staging / BUILD_MODULE).write_text(
+        f'"""Written by hatch-precompile {__version__} at build time."""\n\n'
+        f'MANIFEST_SHA256 = "{hashlib.sha256(manifest_bytes).hexdigest()}"\n',
+        encoding="utf-8",
+    )
 
-    shipped = [staging / "manifest.json", *(staging / n for n in RUNTIME_FILES)]
+    shipped = [staging / "manifest.json", staging / BUILD_MODULE, *(staging / n for n in RUNTIME_FILES)]
     for entry in models.values():
         shipped.append(staging / entry["weights"]["file"])
         shipped.extend(staging / a["file"] for a in entry["artifacts"])

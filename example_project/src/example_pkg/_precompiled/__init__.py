@@ -35,17 +35,19 @@ Environment variables:
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib
 import json
 import os
 import sys
+import sysconfig
 import tempfile
 import threading
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-__all__ = ["load_compiled", "PrecompiledModelError", "PrecompiledFallbackWarning"]
+__all__ = ["load_compiled", "explain", "PrecompiledModelError", "PrecompiledIntegrityError", "PrecompiledFallbackWarning"]
 
 _HERE = Path(__file__).resolve().parent
 _MANIFEST = _HERE / "manifest.json"
@@ -53,10 +55,15 @@ _CONFIG_TABLE = ("tool", "hatch", "build", "hooks", "precompile")
 MANIFEST_FORMAT = 1
 CPU_TARGET_VARIABLE = "HATCH_PRECOMPILE_CPU_TARGET"  # force one CPU target (if the CPU can run it)
 CACHE_DIR_VARIABLE = "HATCH_PRECOMPILE_CACHE_DIR"  # where loading may write (default ~/.cache/hatch-precompile)
+FALLBACK_VARIABLE = "HATCH_PRECOMPILE_FALLBACK"  # "eager" or "error" for the whole process
 
 
 class PrecompiledModelError(RuntimeError):
-    """No shipped artifact can run here and the model's fallback policy is "error"."""
+    """No shipped artifact can run here and the fallback policy is "error"."""
+
+
+class PrecompiledIntegrityError(PrecompiledModelError):
+    """A shipped file is not what the build wrote (tampered, truncated, missing)."""
 
 
 class PrecompiledFallbackWarning(UserWarning):
@@ -67,48 +74,144 @@ _lock = threading.Lock()
 _loaded: dict[str, Callable[..., Any]] = {}
 
 
-def load_compiled(name: str) -> Callable[..., Any]:
-    """Return the model `name`: compiled if a shipped artifact fits, else per its fallback.
+def load_compiled(name: str, *, fallback: str | None = None) -> Callable[..., Any]:
+    """Return the model `name`: compiled if a shipped artifact fits, else per the fallback.
 
-    Loads once per process; concurrent first calls wait for the one load.
+    `fallback` ("eager" or "error") overrides $HATCH_PRECOMPILE_FALLBACK, which
+    overrides the model's configured policy. Loads once per process; concurrent
+    first calls wait for the one load. Damaged files always raise
+    `PrecompiledIntegrityError`, whatever the policy.
     """
     with _lock:
-        if name not in _loaded:
-            _loaded[name] = _load(name)
-        return _loaded[name]
+        model = _loaded.get(name)
+        if model is None:
+            plan = _plan(name)
+            policy = _fallback_policy(fallback, plan.model)
+            if plan.artifact is not None:
+                model = CompiledModel(name, plan.model, plan.artifact)
+            elif policy == "error":
+                raise PrecompiledModelError(_unavailable(name, plan.reason))
+            else:
+                model = _fall_back(name, plan)
+            _loaded[name] = model
+        elif isinstance(model, _EagerModel) and _fallback_policy(fallback, model.config) == "error":
+            raise PrecompiledModelError(_unavailable(name, model.reason))
+        return model
 
 
-def _load(name: str) -> Callable[..., Any]:
+def explain(name: str | None = None) -> str:
+    """Say, for one model or all, which shipped artifact `load_compiled` would use
+    here, or why none fits. Reads the manifest only; loads nothing."""
     manifest = _read_manifest()
     if manifest is None:
-        model = _model_from_source_config(name)
+        return f"no compiled models: no manifest.json next to {_HERE} (source checkout, editable install or --no-hooks wheel)"
+    names = [name] if name is not None else sorted(manifest["models"])
+    lines = []
+    for each in names:
+        plan = _plan(each, manifest)
+        if plan.artifact is not None:
+            lines.append(f"{each}: would load {plan.artifact['file']} (CPU target {plan.artifact['cpu_target']})")
+        else:
+            lines.append(f"{each}: {plan.reason}; fallback: {_fallback_policy(None, plan.model)}")
+    return "\n".join(lines)
+
+
+load_compiled.explain = explain  # type: ignore[attr-defined]  # reachable through the one re-exported name
+
+
+class _Plan:
+    """What loading `name` would do: the model's manifest entry and the artifact
+    to load, or None and the reason."""
+
+    def __init__(self, model: dict[str, Any], artifact: dict[str, Any] | None, reason: str) -> None:
+        self.model, self.artifact, self.reason = model, artifact, reason
+
+
+def _plan(name: str, manifest: dict[str, Any] | None = None) -> _Plan:
+    manifest = manifest or _read_manifest()
+    if manifest is None:
         reason = (
             f"no compiled artifacts next to {_HERE} (a source checkout, an editable install, "
             "or a wheel built without the precompile hook)"
         )
-        return _fall_back(name, model, reason, weights_file=None)
-
+        return _Plan(_model_from_source_config(name), None, reason)
     model = manifest["models"].get(name)
     if model is None:
         known = ", ".join(sorted(manifest["models"])) or "none"
         raise KeyError(f"no model named {name!r} in {_MANIFEST} (models: {known})")
     artifact, reason = _pick_artifact(model)
-    if artifact is None:
-        return _fall_back(name, model, reason, weights_file=model.get("weights", {}).get("file"))
-    return CompiledModel(name, model, artifact)
+    return _Plan(model, artifact, reason)
+
+
+def _fallback_policy(requested: str | None, model: dict[str, Any]) -> str:
+    policy = requested or os.environ.get(FALLBACK_VARIABLE) or model["fallback"]
+    if policy not in ("eager", "error"):
+        source = "the fallback argument" if requested else FALLBACK_VARIABLE
+        raise ValueError(f"{source} must be 'eager' or 'error', got {policy!r}")
+    return policy
+
+
+def _unavailable(name: str, reason: str) -> str:
+    return (
+        f"model {name!r}: {reason}. Build and install a wheel with the hatch-precompile hook "
+        "(`hatch build`, `python -m build`, `pip wheel .`) using the torch and Python you deploy with."
+    )
 
 
 def _read_manifest() -> dict[str, Any] | None:
+    """The manifest, checked against the digest in the generated `_build` module."""
     try:
-        text = _MANIFEST.read_text(encoding="utf-8")
+        data = _MANIFEST.read_bytes()
     except FileNotFoundError:
         return None
-    manifest = json.loads(text)
+    try:
+        from ._build import MANIFEST_SHA256
+    except ImportError:
+        raise PrecompiledIntegrityError(f"{_MANIFEST} is present but {_HERE / '_build.py'} is not: the install is damaged") from None
+    if hashlib.sha256(data).hexdigest() != MANIFEST_SHA256:
+        raise PrecompiledIntegrityError(f"{_MANIFEST} does not match the digest the build recorded: it was modified")
+    manifest = json.loads(data)
     if manifest.get("format") != MANIFEST_FORMAT:
         raise PrecompiledModelError(
             f"{_MANIFEST} has format {manifest.get('format')!r}; this loader reads format {MANIFEST_FORMAT}"
         )
     return manifest
+
+
+def _verified_bytes(record: dict[str, Any]) -> bytes:
+    """A shipped file's bytes, checked against the manifest's size and sha256.
+    The same bytes are then used, so nothing can change in between."""
+    path = _HERE / record["file"]
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise PrecompiledIntegrityError(f"{path} is missing: reinstall the package") from None
+    _check_digest(path, len(data), hashlib.sha256(data).hexdigest(), record)
+    return data
+
+
+def _verified_path(record: dict[str, Any]) -> Path:
+    """A shipped file's path, after hashing it in chunks (for files read by path:
+    weights are memory-mapped, kernels are loaded by the dynamic loader)."""
+    path = _HERE / record["file"]
+    digest = hashlib.sha256()
+    try:
+        with path.open("rb") as stream:
+            for block in iter(lambda: stream.read(1 << 20), b""):
+                digest.update(block)
+    except FileNotFoundError:
+        raise PrecompiledIntegrityError(f"{path} is missing: reinstall the package") from None
+    _check_digest(path, path.stat().st_size, digest.hexdigest(), record)
+    return path
+
+
+def _check_digest(path: Path, size: int, sha256: str, record: dict[str, Any]) -> None:
+    if size != record["size"] or sha256 != record["sha256"]:
+        raise PrecompiledIntegrityError(
+            f"{path} does not match the manifest (size {size}, expected {record['size']}; sha256 "
+            f"{'matches' if sha256 == record['sha256'] else 'differs'}): it was modified or truncated; "
+            "reinstall the package"
+        )
 
 
 # --- Choosing an artifact ------------------------------------------------------------
@@ -125,6 +228,7 @@ def _running_environment() -> dict[str, Any]:
         "torch": torch.__version__,
         "torch_git": torch.version.git_version,
         "python": f"{sys.version_info.major}.{sys.version_info.minor}",
+        "platform": sysconfig.get_platform(),
         "cpu_features": {name for name, present in torch.cpu.get_capabilities().items() if present is True},
         "aten_capability": torch.backends.cpu.get_cpu_capability(),
     }
@@ -133,8 +237,10 @@ def _running_environment() -> dict[str, Any]:
 def _pick_artifact(model: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
     """The best shipped artifact this process can run, or None and why none fits.
 
-    Decided from the manifest alone: nothing is unpickled and no native code is
-    loaded for a variant that does not fit."""
+    Decided from the manifest alone, so nothing is unpickled and no native code is
+    loaded for a variant that does not fit. The torch build is compared by version
+    (with its local label, e.g. +cpu) and git revision: the artifact's exact key,
+    torch_key(), hashes every torch source file and costs a second to compute."""
     here = _running_environment()
     candidates = sorted(model["artifacts"], key=lambda a: _aten_level(a["aten_capability"]), reverse=True)
     forced = os.environ.get(CPU_TARGET_VARIABLE)
@@ -146,24 +252,24 @@ def _pick_artifact(model: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
     reasons = []
     for artifact in candidates:
         built = artifact["built_with"]
-        problems = [
-            f"built with {what} {built[what]} (running {here[what]})"
-            for what in ("torch", "torch_git", "python")
-            if built[what] != here[what]
-        ]
+        problems = [f"{what} differs" for what in ("torch", "torch_git", "python", "platform") if built[what] != here[what]]
         missing = sorted(set(artifact["cpu_features"]) - here["cpu_features"])
         if missing:
-            problems.append(f"needs CPU features {', '.join(missing)}, which this CPU lacks")
+            problems.append(f"CPU lacks {', '.join(missing)}")
         if _aten_level(artifact["aten_capability"]) > _aten_level(here["aten_capability"]):
-            problems.append(
-                f"needs {artifact['aten_capability']} kernels but torch runs {here['aten_capability']} ones here "
-                "(see ATEN_CPU_CAPABILITY)"
-            )
+            problems.append(f"torch runs {here['aten_capability']} kernels here, not {artifact['aten_capability']} (see ATEN_CPU_CAPABILITY)")
         if not problems:
             return artifact, ""
-        reasons.append(f"{artifact['file']} ({artifact['cpu_target']}): " + "; ".join(problems))
+        reasons.append(
+            f"{artifact['file']} was built with torch {built['torch']} ({built['torch_git'][:12]}) on "
+            f"cp{built['python'].replace('.', '')} {built['platform']} for {artifact['cpu_target']}: " + ", ".join(problems)
+        )
     found = ", ".join(sorted(here["cpu_features"])) or "none"
-    return None, f"no shipped artifact fits this process: {' | '.join(reasons)}. CPU features found: {found}"
+    running = (
+        f"running torch {here['torch']} ({here['torch_git'][:12]}) on cp{here['python'].replace('.', '')} "
+        f"{here['platform']} with {here['aten_capability']} kernels and CPU features: {found}"
+    )
+    return None, f"no shipped artifact fits this process: {'; '.join(reasons)}; {running}"
 
 
 def _aten_level(capability: str) -> int:
@@ -184,20 +290,35 @@ class CompiledModel:
         self._inputs = model["inputs"]
         self._outputs = model["outputs"]
         self._dims = model["dims"]
-        self._weights = _load_weights(model["weights"]) if "weights" in model else []
-        kernels = {key: _HERE / model["kernels"][key]["file"] for key in artifact["kernels"]}
-        for key, path in kernels.items():
-            if not path.is_file():
-                raise PrecompiledModelError(f"model {name!r}: compiled kernel {key} is missing: {path}")
-        _key, payload = _torch_private.split_artifact((_HERE / artifact["file"]).read_bytes())
-        with _private_inductor_cache(), _torch_private.shipped_kernels(kernels):
-            self._compiled = _torch_private.deserialize_artifact(payload)
+        data = _verified_bytes(artifact)
+        kernels = {key: _verified_path(model["kernels"][key]) for key in artifact["kernels"]}
+        self._weights = [*_read_weights(model["weights"]).values()] if "weights" in model else []
+        try:
+            key, payload = _torch_private.split_artifact(data)
+        except _torch_private.ArtifactFormatError as error:
+            raise PrecompiledIntegrityError(f"{_HERE / artifact['file']}: {error}") from None
+        if key.hex() != artifact["built_with"]["torch_key"]:
+            raise PrecompiledIntegrityError(
+                f"{_HERE / artifact['file']} was written by another torch build than the manifest says "
+                f"(torch key {key.hex()[:16]}..., manifest {artifact['built_with']['torch_key'][:16]}...)"
+            )
+        try:
+            with _private_inductor_cache(), _torch_private.shipped_kernels(kernels):
+                self._compiled = _torch_private.deserialize_artifact(payload)
+        except _torch_private.MissingKernelError as error:
+            raise PrecompiledIntegrityError(f"model {name!r}, {artifact['file']}: {error}") from None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        flat_outputs = self._compiled(*self._weights, *self.check_inputs(*args, **kwargs))
+        return _unflatten(self._outputs["tree"], iter(flat_outputs))
+
+    def check_inputs(self, *args: Any, **kwargs: Any) -> list[Any]:
+        """Flatten a call's arguments and check them against what was compiled
+        (compiled code checks nothing: a wrong dtype or size gives garbage or a
+        crash). Raises ValueError naming the input; returns the flat tensors."""
         flat_inputs = _flatten_call(self.name, self._inputs["tree"], args, kwargs)
         _check_inputs(self.name, self._inputs["leaves"], self._dims, flat_inputs)
-        flat_outputs = self._compiled(*self._weights, *flat_inputs)
-        return _unflatten(self._outputs["tree"], iter(flat_outputs))
+        return flat_inputs
 
     def __repr__(self) -> str:
         return f"<compiled model {self.name!r} from {self.artifact_file}>"
@@ -243,12 +364,13 @@ def _private_cache_dir() -> Path:
     return directory
 
 
-def _load_weights(weights: dict[str, Any]) -> list[Any]:
-    """The lifted parameters, buffers and constants, in the order the graph takes them."""
+def _read_weights(weights: dict[str, Any]) -> dict[str, Any]:
+    """The lifted parameters, buffers and constants by name, in the order the graph
+    takes them; memory-mapped by safetensors (no pickle)."""
     from safetensors.torch import load_file
 
-    tensors = load_file(_HERE / weights["file"])
-    return [tensors[name] for name in weights["order"]]
+    tensors = load_file(_verified_path(weights))
+    return {name: tensors[name] for name in weights["order"]}
 
 
 def _flatten_call(name: str, tree: dict[str, Any], args: tuple, kwargs: dict) -> list[Any]:
@@ -300,7 +422,6 @@ def _unflatten(spec: dict[str, Any], leaves: Any) -> Any:
 
 
 def _check_inputs(name: str, specs: list[dict[str, Any]], dims: dict[str, Any], values: list[Any]) -> None:
-    """Compiled code checks nothing: a wrong dtype or size gives garbage or a crash."""
     import torch
 
     sizes: dict[str, tuple[int, str]] = {}
@@ -331,29 +452,24 @@ def _check_inputs(name: str, specs: list[dict[str, Any]], dims: dict[str, Any], 
 # --- Falling back -------------------------------------------------------------------
 
 
-def _fall_back(name: str, model: dict[str, Any], reason: str, weights_file: str | None) -> Callable[..., Any]:
-    advice = (
-        "Build and install a wheel with the hatch-precompile hook (`hatch build`, `python -m build`, "
-        "`pip wheel .`) using the torch and Python you deploy with."
-    )
-    if model["fallback"] == "error":
-        raise PrecompiledModelError(f"model {name!r}: {reason}. {advice}")
+def _fall_back(name: str, plan: _Plan) -> _EagerModel:
+    """Build the module with its factory, bind the shipped weights, warn once."""
     warnings.warn(
-        f"model {name!r} runs eagerly (not compiled): {reason}. {advice}", PrecompiledFallbackWarning, stacklevel=3
+        f"model {name!r} runs eagerly (not compiled): {_unavailable(name, plan.reason).split(': ', 1)[1]}",
+        PrecompiledFallbackWarning,
+        stacklevel=3,
     )
-    module = _import_object(model["factory"])()
-    if weights_file is not None:
-        from safetensors.torch import load_file
-
-        module.load_state_dict(load_file(_HERE / weights_file), strict=False)
-    return _EagerModel(module.eval())
+    module = _import_object(plan.model["factory"])()
+    if "weights" in plan.model:
+        module.load_state_dict(_read_weights(plan.model["weights"]), strict=False)
+    return _EagerModel(module.eval(), plan.model, plan.reason)
 
 
 class _EagerModel:
     """The module built by its factory, called without autograd like the compiled one."""
 
-    def __init__(self, module: Any) -> None:
-        self.module = module
+    def __init__(self, module: Any, config: dict[str, Any], reason: str) -> None:
+        self.module, self.config, self.reason = module, config, reason
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         import torch

@@ -1,0 +1,213 @@
+"""The loader refuses what it should, says why, and never crashes the process.
+
+Each test copies the installed example package out of the deployed wheel's
+environment, damages or edits the copy the way a real fault would, and loads it
+(via PYTHONPATH, which shadows the installed one) in a fresh process."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import Venv, no_compiler_env, reseal
+
+pytestmark = pytest.mark.e2e
+
+LOAD = """
+import torch
+from example_pkg import load_compiled
+model = load_compiled("encoder")
+print(repr(model), model(torch.zeros(2, 64, dtype=torch.long))["embedding"].shape)
+"""
+
+
+@pytest.fixture
+def package(deploy_venv: Venv, tmp_path: Path) -> Path:
+    """A private copy of the installed example package; returns its _precompiled/."""
+    installed = deploy_venv.script("import example_pkg, os; print(os.path.dirname(example_pkg.__file__))").stdout.strip()
+    shutil.copytree(installed, tmp_path / "site" / "example_pkg")
+    return tmp_path / "site" / "example_pkg" / "_precompiled"
+
+
+def run_copy(env: Venv, package: Path, code: str = LOAD, options: tuple[str, ...] = (), **extra: str) -> subprocess.CompletedProcess[str]:
+    tmp = package.parent.parent.parent
+    return env.script(code, env=no_compiler_env(tmp, PYTHONPATH=str(package.parent.parent), **extra), check=False, options=options)
+
+
+def manifest_of(package: Path) -> dict:
+    return json.loads((package / "manifest.json").read_text())
+
+
+def encoder_files(package: Path) -> dict[str, str]:
+    model = manifest_of(package)["models"]["encoder"]
+    (artifact,) = model["artifacts"]
+    return {"artifact": artifact["file"], "weights": model["weights"]["file"], "kernel": model["kernels"][artifact["kernels"][0]]["file"]}
+
+
+def assert_refused(result: subprocess.CompletedProcess[str], *phrases: str) -> None:
+    assert result.returncode == 1, (result.stdout, result.stderr[-2000:])  # an exception, not a crash
+    last = result.stderr.strip().splitlines()[-1]
+    for phrase in phrases:
+        assert phrase in last, last
+
+
+def test_the_copy_loads_when_untouched(deploy_venv: Venv, package: Path) -> None:
+    result = run_copy(deploy_venv, package)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "<compiled model 'encoder' from encoder/cpu-avx2.bin>" in result.stdout
+
+
+@pytest.mark.parametrize("which", ["artifact", "weights", "kernel"])
+@pytest.mark.parametrize("damage", ["flip a byte", "truncate"])
+def test_a_damaged_file_is_refused_by_name_before_use(deploy_venv: Venv, package: Path, which: str, damage: str) -> None:
+    path = package / encoder_files(package)[which]
+    data = bytearray(path.read_bytes())
+    if damage == "flip a byte":
+        data[len(data) // 2] ^= 0xFF
+    else:
+        del data[len(data) // 3 :]
+    path.write_bytes(bytes(data))
+    result = run_copy(deploy_venv, package)
+    assert_refused(result, "PrecompiledIntegrityError", str(path), "does not match the manifest")
+
+
+def test_a_missing_file_is_refused_by_name(deploy_venv: Venv, package: Path) -> None:
+    path = package / encoder_files(package)["kernel"]
+    path.unlink()
+    assert_refused(run_copy(deploy_venv, package), "PrecompiledIntegrityError", f"{path} is missing")
+
+
+def test_an_edited_manifest_is_refused(deploy_venv: Venv, package: Path) -> None:
+    manifest = manifest_of(package)
+    manifest["models"]["encoder"]["dims"]["batch"]["max"] = 10_000
+    (package / "manifest.json").write_text(json.dumps(manifest))
+    assert_refused(run_copy(deploy_venv, package), "PrecompiledIntegrityError", "does not match the digest the build recorded")
+
+
+def test_a_manifest_without_its_digest_module_is_refused(deploy_venv: Venv, package: Path) -> None:
+    (package / "_build.py").unlink()
+    assert_refused(run_copy(deploy_venv, package), "PrecompiledIntegrityError", "_build.py is not: the install is damaged")
+
+
+def test_an_artifact_from_another_torch_build_is_refused(deploy_venv: Venv, package: Path) -> None:
+    manifest = manifest_of(package)
+    manifest["models"]["encoder"]["artifacts"][0]["built_with"]["torch_key"] = "ab" * 32
+    reseal(package / "manifest.json", manifest)
+    assert_refused(run_copy(deploy_venv, package), "PrecompiledIntegrityError", "was written by another torch build than the manifest says")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "built", "running"),
+    [
+        ("torch", "2.14.1", "built with torch 2.14.1", f"running torch {torch.__version__}"),
+        ("python", "3.12", "on cp312", "on cp311"),
+        ("torch_git", "0" * 40, "(000000000000)", f"({torch.version.git_version[:12]})"),
+    ],
+)
+def test_another_torch_or_python_is_never_loaded_and_both_sides_are_named(
+    deploy_venv: Venv, package: Path, field: str, value: str, built: str, running: str
+) -> None:
+    manifest = manifest_of(package)
+    manifest["models"]["encoder"]["artifacts"][0]["built_with"][field] = value
+    reseal(package / "manifest.json", manifest)
+    code = """
+import warnings, torch
+from example_pkg import load_compiled, _precompiled
+try:
+    load_compiled("encoder", fallback="error")
+except _precompiled.PrecompiledModelError as error:
+    print("ERROR", error)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    model = load_compiled("encoder")
+print("EAGER", repr(model), len(caught), caught[0].category.__name__)
+print("EXPLAIN", load_compiled.explain("encoder"))
+"""
+    result = run_copy(deploy_venv, package, code)
+    assert result.returncode == 0, result.stderr[-2000:]
+    error, eager, explained = result.stdout.strip().splitlines()
+    for line in (error, explained):
+        assert "no shipped artifact fits this process" in line and built in line and running in line, line
+    assert f"{field} differs" in error
+    assert eager == "EAGER <eager fallback TextEncoder> 1 PrecompiledFallbackWarning"
+    assert explained.endswith("; fallback: eager")
+
+
+def test_fallback_policy_comes_from_the_call_then_the_environment_then_the_config(deploy_venv: Venv, package: Path) -> None:
+    manifest = manifest_of(package)
+    manifest["models"]["encoder"]["artifacts"][0]["built_with"]["torch"] = "2.14.1"
+    reseal(package / "manifest.json", manifest)
+    code = """
+from example_pkg import load_compiled, _precompiled
+try:
+    load_compiled("encoder")
+except _precompiled.PrecompiledModelError:
+    print("error from the environment")
+print(repr(load_compiled("encoder", fallback="eager")))
+try:
+    load_compiled("encoder", fallback="error")
+except _precompiled.PrecompiledModelError:
+    print("error once eager was loaded, when asked")
+"""
+    result = run_copy(deploy_venv, package, code, HATCH_PRECOMPILE_FALLBACK="error")
+    assert result.stdout.strip().splitlines() == [
+        "error from the environment",
+        "<eager fallback TextEncoder>",
+        "error once eager was loaded, when asked",
+    ], result.stderr[-2000:]
+    bad = run_copy(deploy_venv, package, HATCH_PRECOMPILE_FALLBACK="sometimes")
+    assert_refused(bad, "ValueError: HATCH_PRECOMPILE_FALLBACK must be 'eager' or 'error', got 'sometimes'")
+
+
+def test_explain_names_the_variant_that_would_load(deploy_venv: Venv, package: Path) -> None:
+    result = run_copy(deploy_venv, package, "from example_pkg import load_compiled\nprint(load_compiled.explain())")
+    assert result.stdout.strip() == "encoder: would load encoder/cpu-avx2.bin (CPU target avx2)"
+
+
+def test_loading_works_under_python_dash_o(deploy_venv: Venv, package: Path) -> None:
+    result = run_copy(deploy_venv, package, options=("-O",))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "<compiled model 'encoder' from encoder/cpu-avx2.bin> torch.Size([2, 64])" in result.stdout
+
+
+def test_a_read_only_install_loads_and_is_not_written_to(deploy_venv: Venv, package: Path) -> None:
+    site = package.parent.parent
+
+    def snapshot() -> dict[str, tuple[int, int]]:
+        return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in site.rglob("*")}
+
+    before = snapshot()
+    for path in [site, *site.rglob("*")]:
+        path.chmod(path.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+    try:
+        result = run_copy(deploy_venv, package, PYTHONDONTWRITEBYTECODE="1")
+    finally:
+        for path in [site, *site.rglob("*")]:
+            path.chmod(path.stat().st_mode | stat.S_IWUSR)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert snapshot() == before
+
+
+def test_a_cache_directory_others_can_write_is_refused(deploy_venv: Venv, package: Path, tmp_path: Path) -> None:
+    shared = tmp_path / "shared-cache"
+    shared.mkdir()
+    shared.chmod(0o777)
+    result = run_copy(deploy_venv, package, HATCH_PRECOMPILE_CACHE_DIR=str(shared))
+    assert_refused(result, f"refusing cache directory {shared}", "found owner uid", "mode 0o777")
+
+
+def test_processes_loading_at_once_with_a_shared_empty_cache_all_succeed(deploy_venv: Venv, package: Path, tmp_path: Path) -> None:
+    env = {**no_compiler_env(tmp_path, PYTHONPATH=str(package.parent.parent)), "HATCH_PRECOMPILE_CACHE_DIR": str(tmp_path / "shared")}
+    processes = [
+        subprocess.Popen([deploy_venv.python, "-c", LOAD], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(4)
+    ]
+    outputs = [p.communicate(timeout=300) for p in processes]
+    assert [p.returncode for p in processes] == [0, 0, 0, 0], [err[-1000:] for _, err in outputs]
+    assert all("torch.Size([2, 64])" in out for out, _ in outputs)
