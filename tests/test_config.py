@@ -64,6 +64,27 @@ def test_keyword_inputs_and_per_model_fallback() -> None:
     assert config.models["m"].kwargs["attention_mask"] == TensorInput(shape=("batch", 64), dtype="bool")
 
 
+def test_dims_can_be_dynamic_bucketed_or_both() -> None:
+    config = parse_config(
+        {
+            "models": {
+                "m": model(
+                    inputs=[{"shape": ["batch", "length", "width"]}],
+                    dims={"batch": [8, 1, 32], "length": {"min": 1, "max": 128, "buckets": [16]}, "width": {"max": 4}},
+                    weights="factory",
+                    dtype="bfloat16",
+                )
+            }
+        }
+    )
+    dims = config.models["m"].dims
+    assert dims["batch"] == Dim(name="batch", min=1, max=32, buckets=(1, 8, 32), dynamic=False)
+    assert dims["batch"].variants() == [1, 8, 32]
+    assert dims["length"].variants() == [16, None]
+    assert dims["width"].variants() == [None]
+    assert config.models["m"].weights == "factory" and config.models["m"].dtype == "bfloat16"
+
+
 def test_example_inputs_callable_with_dim_axes() -> None:
     raw = model(inputs=None, dims={"batch": {"max": 8, "axes": ["0:0", "attention_mask:0"]}})
     raw["example-inputs"] = "pkg.model:examples"
@@ -98,7 +119,14 @@ def test_example_inputs_callable_with_dim_axes() -> None:
         ({"models": {"m": model(dims={"batch": {"min": 1}})}}, f"{T}.models.m.dims.batch.max: missing; a dynamic dim needs an upper bound"),
         ({"models": {"m": model(dims={"batch": {"min": 8, "max": 8}})}}, f"{T}.models.m.dims.batch: expected min < max, found min=8, max=8"),
         ({"models": {"m": model(dims={"batch": {"max": 8, "axes": ["0:0"]}})}}, f"{T}.models.m.dims.batch.axes: unknown key"),
-        ({"models": {"m": model(weights="download")}}, f"{T}.models.m.weights: expected one of 'embed', found a string 'download'"),
+        ({"models": {"m": model(weights="download")}}, f"{T}.models.m.weights: expected one of 'embed', 'factory', found a string 'download'"),
+        ({"models": {"m": model(dims={"batch": [1, 0]})}}, f"{T}.models.m.dims.batch[1]: expected an integer >= 1, found 0"),
+        ({"models": {"m": model(dims={"batch": []})}}, f"{T}.models.m.dims.batch: expected at least one size, found []"),
+        ({"models": {"m": model(dims={"batch": [4, 4]})}}, f"{T}.models.m.dims.batch: lists a size twice: [4, 4]"),
+        ({"models": {"m": model(dims={"batch": {"min": 1, "max": 8, "buckets": [4, 16]}})}}, f"{T}.models.m.dims.batch.buckets: sizes [16] lie outside [min, max] = [1, 8]"),
+        ({"models": {"m": model(dims={"batch": {"min": 2, "buckets": [4]}})}}, f"{T}.models.m.dims.batch.min: only buckets are given"),
+        ({"models": {"m": model(dims={"batch": list(range(1, 34))})}}, f"{T}.models.m.dims: these dims make 33 shape variants"),
+        ({"models": {"m": model(dtype="int8")}}, f"{T}.models.m.dtype: expected one of 'float32', 'bfloat16', 'float16', found a string 'int8'"),
         ({"models": {"m": model(options=[])}}, f"{T}.models.m.options: expected a table, found an array []"),
         ({"models": {"m": {**model(), "example-inputs": "pkg:f"}}}, f"{T}.models.m.inputs: cannot be combined with `example-inputs`"),
         ({"models": {"m": {**model(inputs=None, dims={"b": {"max": 4}}), "example-inputs": "pkg:f"}}}, f"{T}.models.m.dims.b.axes: missing"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import zlib
+from collections import namedtuple
 from pathlib import Path
 
 import pytest
@@ -90,12 +91,41 @@ def test_tree_specs_become_plain_data(compiled) -> None:
     }
 
 
-def test_unsupported_output_containers_are_named() -> None:
-    from collections import namedtuple
+Point = namedtuple("Point", "x y")
 
-    Point = namedtuple("Point", "x y")
-    spec = torch.utils._pytree.tree_flatten(Point(torch.ones(1), torch.ones(1)))[1]
-    with pytest.raises(TypeError, match="namedtuple in inputs or outputs is not supported yet"):
+
+class Keyed:
+    """Flattened by key, the way transformers registers its ModelOutput classes."""
+
+    def __init__(self, **values: torch.Tensor) -> None:
+        self.values = values
+
+
+torch.utils._pytree.register_pytree_node(
+    Keyed, lambda k: (list(k.values.values()), list(k.values)), lambda v, keys: Keyed(**dict(zip(keys, v)))
+)
+
+
+def test_named_tuples_and_keyed_classes_are_recorded_by_import_path() -> None:
+    leaves = (torch.ones(1), torch.ones(1))
+    point = torch.utils._pytree.tree_flatten(Point(*leaves))[1]
+    keyed = torch.utils._pytree.tree_flatten(Keyed(a=leaves[0], b=leaves[1]))[1]
+    assert _torch_private.treespec_to_json(point) == {
+        "type": "namedtuple",
+        "class": "test_torch_assumptions:Point",
+        "children": [{"type": "leaf"}, {"type": "leaf"}],
+    }
+    assert _torch_private.treespec_to_json(keyed) == {
+        "type": "keyed",
+        "class": "test_torch_assumptions:Keyed",
+        "keys": ["a", "b"],
+        "children": [{"type": "leaf"}, {"type": "leaf"}],
+    }
+
+
+def test_containers_without_keys_are_refused_by_name() -> None:
+    spec = torch.utils._pytree.tree_flatten(torch.return_types.max((torch.ones(1), torch.ones(1))))[1]
+    with pytest.raises(TypeError, match="max in inputs or outputs is not supported yet"):
         _torch_private.treespec_to_json(spec)
 
 

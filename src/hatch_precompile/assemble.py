@@ -32,12 +32,10 @@ def torch_version() -> str:
     return importlib.metadata.version("torch")
 
 
-def runtime_requirements(uses_embedded_weights: bool) -> list[str]:
-    """Requires-Dist lines: the exact torch release built with (no local label), safetensors."""
-    requirements = [f"torch=={Version(torch_version()).public}"]
-    if uses_embedded_weights:
-        requirements.append(SAFETENSORS_REQUIREMENT)
-    return requirements
+def runtime_requirements() -> list[str]:
+    """Requires-Dist lines: the exact torch release built with (no local label), and
+    safetensors, which the loader reads shipped weights and constants with."""
+    return [f"torch=={Version(torch_version()).public}", SAFETENSORS_REQUIREMENT]
 
 
 def wheel_tag() -> str:
@@ -73,8 +71,9 @@ def assemble(staging: Path, package: str, fallback: dict[str, str], entries: dic
     for model, entry in entries.items():
         model_dir = staging / model
         entry = {**entry, "fallback": fallback[model]}
-        entry["weights"] = {**entry["weights"], "file": f"{model}/{entry['weights']['file']}"}
-        entry["weights"].update(file_record(staging / entry["weights"]["file"]))
+        if "file" in entry["weights"]:
+            entry["weights"] = {**entry["weights"], "file": f"{model}/{entry['weights']['file']}"}
+            entry["weights"].update(file_record(staging / entry["weights"]["file"]))
         entry["artifacts"] = [
             {**a, "file": f"{model}/{a['file']}", **file_record(model_dir / a["file"])} for a in entry["artifacts"]
         ]
@@ -96,7 +95,8 @@ def assemble(staging: Path, package: str, fallback: dict[str, str], entries: dic
 
     shipped = [staging / "manifest.json", staging / BUILD_MODULE, *(staging / n for n in RUNTIME_FILES)]
     for entry in models.values():
-        shipped.append(staging / entry["weights"]["file"])
+        if "file" in entry["weights"]:
+            shipped.append(staging / entry["weights"]["file"])
         shipped.extend(staging / a["file"] for a in entry["artifacts"])
         shipped.extend(staging / k["file"] for k in entry["kernels"].values())
     return {str(path): f"{package}/{PRECOMPILED_DIR}/{path.relative_to(staging).as_posix()}" for path in shipped}

@@ -49,6 +49,7 @@ def import_object(model: str, key: str, spec: str) -> Any:
 
 
 def build_module(model: dict[str, Any]) -> torch.nn.Module:
+    """The factory's module, in eval mode, converted to the model's `dtype` if set."""
     factory = import_object(model["name"], "factory", model["factory"])
     try:
         module = factory()
@@ -60,20 +61,34 @@ def build_module(model: dict[str, Any]) -> torch.nn.Module:
             f"calling factory {model['factory']!r}",
             f"expected it to return a torch.nn.Module, got {type(module).__module__}.{type(module).__qualname__}",
         )
+    if model["dtype"]:
+        module = module.to(_DTYPES[model["dtype"]])
     return module.eval()
 
 
-def capture(model: dict[str, Any]) -> Captured:
-    """Export the model so that exactly the declared dims are dynamic."""
+def shape_variants(model: dict[str, Any]) -> list[dict[str, int]]:
+    """One entry per artifact shape: the dims fixed to a bucket size (the others
+    stay dynamic), most dynamic first."""
+    variants: list[dict[str, int]] = [{}]
+    for dim, spec in model["dims"].items():
+        sizes = [*spec["buckets"], *([None] if spec["dynamic"] else [])]
+        variants = [{**v, **({dim: size} if size is not None else {})} for v in variants for size in sizes]
+    return sorted(variants, key=len)
+
+
+def capture(model: dict[str, Any], module: torch.nn.Module, fixed: dict[str, int]) -> Captured:
+    """Export the model so that exactly the declared dims not in `fixed` are dynamic;
+    those in `fixed` are static at the given size."""
     name = model["name"]
-    module = build_module(model)
     if model["example_inputs"]:
         args, kwargs = _example_inputs_from_callable(model)
         arg_dims, kwarg_dims = _dims_from_axes(model, args, kwargs)
     else:
-        args, kwargs, arg_dims, kwarg_dims = _example_inputs_from_shapes(model)
+        args, kwargs, arg_dims, kwarg_dims = _example_inputs_from_shapes(model, fixed)
 
-    export_dims = {d: torch.export.Dim(d, min=spec["min"], max=spec["max"]) for d, spec in model["dims"].items()}
+    export_dims = {
+        d: torch.export.Dim(d, min=spec["min"], max=spec["max"]) for d, spec in model["dims"].items() if d not in fixed
+    }
 
     def dynamic(value: Any, axes: dict[int, str]) -> Any:
         """export's dynamic_shapes entry for one input: Dims by axis for a tensor,
@@ -82,7 +97,7 @@ def capture(model: dict[str, Any]) -> Captured:
             return type(value)(dynamic(item, {}) for item in value)
         if isinstance(value, dict):
             return {key: dynamic(item, {}) for key, item in value.items()}
-        return {axis: export_dims[d] for axis, d in axes.items()} or None
+        return {axis: export_dims[d] for axis, d in axes.items() if d in export_dims} or None
 
     signature = inspect.signature(module.forward)
     try:
@@ -151,9 +166,12 @@ _DTYPES = {
 }
 
 
-def _example_inputs_from_shapes(model: dict[str, Any]) -> tuple[tuple, dict, list[dict[int, str]], dict[str, dict[int, str]]]:
+def _example_inputs_from_shapes(
+    model: dict[str, Any], fixed: dict[str, int]
+) -> tuple[tuple, dict, list[dict[int, str]], dict[str, dict[int, str]]]:
     static_sizes = {s for spec in [*model["args"], *model["kwargs"].values()] for s in spec["shape"] if isinstance(s, int)}
-    example_size = {d: _example_size(spec["min"], spec["max"], static_sizes) for d, spec in model["dims"].items()}
+    static_sizes |= set(fixed.values())
+    example_size = {d: fixed.get(d) or _example_size(spec["min"], spec["max"], static_sizes) for d, spec in model["dims"].items()}
     generator = torch.Generator().manual_seed(0)
 
     def make(spec: dict[str, Any]) -> tuple[torch.Tensor, dict[int, str]]:

@@ -1,11 +1,10 @@
-"""Compile a captured model for each CPU target, check it against eager, write its files.
+"""Compile captured models for each CPU target, check them against eager, write files.
 
 Runs in the compile worker. Writes into `out_dir` the weights (the compiled graph
 takes parameters, buffers and constants as call arguments, so they are stored
-once, as safetensors), one artifact per CPU target, and the compiled kernels each
-artifact loads (`kernels/<key>.so`, shared between targets when identical), and
-returns the model's manifest entry, less the file sizes and hashes, which the
-hook adds when it assembles the wheel.
+once, as safetensors), one artifact per shape variant and CPU target, and the
+compiled kernels each artifact loads (`kernels/<key>.so`, shared between
+artifacts when identical), and describes them for the manifest.
 """
 
 from __future__ import annotations
@@ -25,29 +24,83 @@ from .runtime import _torch_private
 from .targets import CPU_TARGETS, CpuTarget, features_from_flags, is_x86_64
 
 KERNELS_DIR = "kernels"
+WEIGHTS_FILE = "weights.safetensors"
 
-# Compiled and eager float32 results differ by reassociation and fused math only.
-TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
+# Compiled and eager results differ by reassociation and fused math only; half
+# precision formats keep about three significant digits.
+TOLERANCE = {
+    torch.float16: {"rtol": 1e-2, "atol": 1e-2},
+    torch.bfloat16: {"rtol": 2e-2, "atol": 2e-2},
+}
+DEFAULT_TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
 
 _LIFTED_KINDS = ("PARAMETER", "BUFFER", "CONSTANT_TENSOR")
 
 
-def compile_model(model: dict[str, Any], captured: Captured, out_dir: Path) -> dict[str, Any]:
+def lifted_weights(captured: Captured) -> dict[str, torch.Tensor]:
+    """The parameters, buffers and constants the compiled graph takes before the
+    user inputs, by state-dict name, in that order."""
     exported = captured.exported
-    weight_names = [s.target for s in exported.graph_signature.input_specs if s.kind.name in _LIFTED_KINDS]
-    weights = [_lifted_tensor(exported, target) for target in weight_names]
-    weights_file = out_dir / "weights.safetensors"
-    _save_weights(weight_names, weights, weights_file)
-    artifacts = [_compile_for_target(model, captured, weights, target, out_dir) for target in cpu_targets(model)]
+    return {
+        s.target: _lifted_tensor(exported, s.target)
+        for s in exported.graph_signature.input_specs
+        if s.kind.name in _LIFTED_KINDS
+    }
+
+
+def save_weights(model: dict[str, Any], captured: Captured, out_dir: Path) -> dict[str, Any]:
+    """Write what the wheel ships of the weights; return the manifest's description:
+    every lifted tensor's kind, shape and dtype (the loader checks weights given at
+    run time against it). `embed` ships all of them; `factory` only the constants,
+    which no module attribute holds."""
+    kinds = {s.target: s.kind.name for s in captured.exported.graph_signature.input_specs if s.kind.name in _LIFTED_KINDS}
+    tensors = lifted_weights(captured)
+    shipped = {n: t for n, t in tensors.items() if model["weights"] == "embed" or kinds[n] == "CONSTANT_TENSOR"}
+    entry: dict[str, Any] = {
+        "mode": model["weights"],
+        "order": list(tensors),
+        "specs": {
+            n: {"kind": kinds[n], "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
+            for n, t in tensors.items()
+        },
+    }
+    if shipped:
+        from safetensors.torch import save_file
+
+        # Tied weights are lifted once per name but are one tensor: store it once.
+        first_name: dict[tuple[Any, ...], str] = {}
+        aliases = {}
+        for n, t in shipped.items():
+            identity = (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype)
+            if identity in first_name:
+                aliases[n] = first_name[identity]
+            else:
+                first_name[identity] = n
+        # safetensors refuses tensors that share memory (views): store copies.
+        unique = {n: t.contiguous().clone() for n, t in shipped.items() if n not in aliases}
+        save_file(unique, str(out_dir / WEIGHTS_FILE))
+        entry.update(file=WEIGHTS_FILE, aliases=aliases)
+    return entry
+
+
+def model_entry(
+    model: dict[str, Any], captured: Captured, weights: dict[str, Any], artifacts: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The model's manifest entry (less file sizes and hashes, added at assembly)."""
+    exported = captured.exported
     return {
         "factory": model["factory"],
+        "dtype": model["dtype"],
         "inputs": {"tree": captured.input_tree, "leaves": captured.input_leaves},
         "outputs": {
             "tree": _torch_private.treespec_to_json(exported.call_spec.out_spec),
             "leaves": _output_leaves(exported, captured),
         },
-        "dims": {d: {"min": spec["min"], "max": spec["max"]} for d, spec in model["dims"].items()},
-        "weights": {"file": weights_file.name, "order": weight_names},
+        "dims": {
+            d: {"min": spec["min"], "max": spec["max"], "buckets": spec["buckets"], "dynamic": spec["dynamic"]}
+            for d, spec in model["dims"].items()
+        },
+        "weights": weights,
         "artifacts": artifacts,
     }
 
@@ -60,10 +113,13 @@ def cpu_targets(model: dict[str, Any]) -> list[CpuTarget]:
     return [CpuTarget("host", simdlen=0, march="", features=features, aten_capability="DEFAULT")]
 
 
-def _compile_for_target(
-    model: dict[str, Any], captured: Captured, weights: list[torch.Tensor], target: CpuTarget, out_dir: Path
+def compile_for_target(
+    model: dict[str, Any], captured: Captured, fixed: dict[str, int], target: CpuTarget, out_dir: Path
 ) -> dict[str, Any]:
+    """Compile one shape variant for one CPU target, check it against eager on the
+    example inputs, and write its artifact and kernels."""
     name = model["name"]
+    weights = list(lifted_weights(captured).values())
     step = f"compiling for CPU target {target.name!r}"
     config = {**model["options"]}
     isa, isa_flags = "", ""
@@ -95,10 +151,12 @@ def _compile_for_target(
     kernels_dir.mkdir(exist_ok=True)
     for key, path in kernel_files.items():
         shutil.copyfile(path, kernels_dir / f"{key}.so")
-    artifact_file = out_dir / f"cpu-{target.name}.bin"
+    shape_suffix = "".join(f"-{dim}{size}" for dim, size in sorted(fixed.items()))
+    artifact_file = out_dir / f"cpu-{target.name}{shape_suffix}.bin"
     _torch_private.save_artifact(artifact, str(artifact_file))
     return {
         "file": artifact_file.name,
+        "specialized": fixed,
         "device": "cpu",
         "cpu_target": target.name,
         "cpu_features": sorted({*target.features, *features_from_flags(isa_flags)}),
@@ -126,24 +184,18 @@ def _lifted_tensor(exported: torch.export.ExportedProgram, target: str) -> torch
     return tensor.detach()
 
 
-def _save_weights(names: list[str], tensors: list[torch.Tensor], path: Path) -> None:
-    from safetensors.torch import save_file
-
-    # safetensors refuses tensors that share memory (tied weights, views): store copies.
-    save_file({n: t.contiguous().clone() for n, t in zip(names, tensors)}, str(path))
-
-
 def _check_matches_eager(name: str, compiled: list[Any], eager: list[Any]) -> None:
     if len(compiled) != len(eager):
         raise ModelBuildError(name, "checking against eager", f"{len(compiled)} compiled outputs, {len(eager)} eager ones")
     for i, (c, e) in enumerate(zip(compiled, eager)):
-        if not torch.allclose(c, e, **TOLERANCE, equal_nan=True):
+        tolerance = TOLERANCE.get(e.dtype, DEFAULT_TOLERANCE)
+        if not torch.allclose(c, e, **tolerance, equal_nan=True):
             worst = (c.float() - e.float()).abs().max().item()
             raise ModelBuildError(
                 name,
                 "checking against eager",
                 f"output {i} differs from the eager module by up to {worst:.3g} "
-                f"(tolerance rtol={TOLERANCE['rtol']}, atol={TOLERANCE['atol']}) on the example inputs",
+                f"(tolerance rtol={tolerance['rtol']}, atol={tolerance['atol']}) on the example inputs",
             )
 
 

@@ -25,7 +25,8 @@ HATCHLING_KEYS = frozenset(
 DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
 FALLBACKS = ("eager", "error")
 CPU_TARGET_NAMES = tuple(CPU_TARGETS)
-WEIGHTS = ("embed",)
+WEIGHTS = ("embed", "factory")
+MODULE_DTYPES = ("float32", "bfloat16", "float16")
 
 _MODEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
@@ -51,6 +52,12 @@ class Dim:
     # Only for `example-inputs` models: where the dim sits, as (input, axis) with
     # input a positional index (int) or keyword name (str).
     axes: tuple[tuple[int | str, int], ...] = ()
+    buckets: tuple[int, ...] = ()  # sizes that get an artifact of their own (static)
+    dynamic: bool = True  # whether one artifact also serves every size in [min, max]
+
+    def variants(self) -> list[int | None]:
+        """The sizes compiled separately, then None for the dynamic artifact."""
+        return [*self.buckets, *([None] if self.dynamic else [])]
 
 
 @dataclass(frozen=True)
@@ -69,6 +76,7 @@ class ModelConfig:
     fallback: str
     weights: str
     cpu_targets: tuple[str, ...] = DEFAULT_CPU_TARGETS
+    dtype: str | None = None  # convert the module's floating-point state before capture
     args: tuple[TensorInput, ...] = ()
     kwargs: dict[str, TensorInput] = field(default_factory=dict)
     example_inputs: str | None = None
@@ -84,8 +92,17 @@ class ModelConfig:
             "args": [_input_json(i) for i in self.args],
             "kwargs": {k: _input_json(i) for k, i in self.kwargs.items()},
             "dims": {
-                d.name: {"min": d.min, "max": d.max, "axes": [list(a) for a in d.axes]} for d in self.dims.values()
+                d.name: {
+                    "min": d.min,
+                    "max": d.max,
+                    "buckets": list(d.buckets),
+                    "dynamic": d.dynamic,
+                    "axes": [list(a) for a in d.axes],
+                }
+                for d in self.dims.values()
             },
+            "dtype": self.dtype,
+            "weights": self.weights,
             "options": self.options,
             "cpu_targets": list(self.cpu_targets),
         }
@@ -196,7 +213,18 @@ def parse_config(raw: dict[str, Any]) -> PrecompileConfig:
     return PrecompileConfig(package=package, fallback=fallback, cpu_targets=cpu_targets, models=models)
 
 
-_MODEL_KEYS = ("factory", "inputs", "kwargs", "example-inputs", "dims", "weights", "options", "fallback", "cpu-targets")
+_MODEL_KEYS = (
+    "factory",
+    "inputs",
+    "kwargs",
+    "example-inputs",
+    "dims",
+    "weights",
+    "dtype",
+    "options",
+    "fallback",
+    "cpu-targets",
+)
 
 
 def _parse_model(
@@ -236,6 +264,7 @@ def _parse_model(
         _check_dims_used(check, path, raw, declared=list(raw_dims))
 
     weights = check.choice(raw.get("weights", "embed"), f"{path}.weights", WEIGHTS)
+    dtype = check.choice(raw["dtype"], f"{path}.dtype", MODULE_DTYPES) if "dtype" in raw else None
     options = check.table(raw.get("options", {}), f"{path}.options")
     model_fallback = check.choice(raw.get("fallback", fallback), f"{path}.fallback", FALLBACKS)
     if "cpu-targets" in raw:
@@ -248,6 +277,7 @@ def _parse_model(
         factory=factory,
         fallback=model_fallback or fallback,
         weights=weights,
+        dtype=dtype,
         cpu_targets=cpu_targets,
         args=args,
         kwargs=kwargs,
@@ -315,27 +345,60 @@ def _parse_range(check: _Checker, raw: Any, path: str, dtype: str | None) -> tup
     return (numbers[0], numbers[1])
 
 
+MAX_SHAPE_VARIANTS = 32
+
+
 def _parse_dims(check: _Checker, raw: Any, path: str, by_axes: bool) -> dict[str, Dim]:
+    """`batch = { min = 1, max = 64 }` (dynamic), `batch = [1, 8, 32]` (one static
+    artifact per size), or `batch = { min = 1, max = 64, buckets = [1, 8] }` (both:
+    listed sizes get specialised code, other sizes in range the dynamic artifact)."""
     dims: dict[str, Dim] = {}
     for name, value in (check.table(raw, path) or {}).items():
         dim_path = f"{path}.{name}"
-        table = check.table(value, dim_path)
+        if by_axes and isinstance(value, list):
+            check.fail(dim_path, "with `example-inputs`, give { min, max, axes }: buckets need inputs declared by shape")
+            continue
+        table = {"buckets": value} if isinstance(value, list) else check.table(value, dim_path)
         if table is None:
             continue
         before = len(check.problems)
-        check.keys(table, dim_path, ("min", "max", "axes") if by_axes else ("min", "max"))
+        check.keys(table, dim_path, ("min", "max", "axes") if by_axes else ("min", "max", "buckets"))
+        buckets = _parse_buckets(check, table["buckets"], f"{dim_path}" if isinstance(value, list) else f"{dim_path}.buckets") if "buckets" in table else ()
+        dynamic = "max" in table or not buckets
         low = check.integer(table.get("min", 1), f"{dim_path}.min", minimum=1)
         high = None
-        if "max" not in table:
+        if dynamic and "max" not in table:
             check.fail(f"{dim_path}.max", "missing; a dynamic dim needs an upper bound (the loader checks it)")
-        else:
+        elif dynamic:
             high = check.integer(table["max"], f"{dim_path}.max", minimum=2)
-        if low is not None and high is not None and low >= high:
-            check.fail(dim_path, f"expected min < max, found min={low}, max={high}; a fixed size belongs in `shape`")
+        elif "min" in table:
+            check.fail(f"{dim_path}.min", "only buckets are given, so the sizes are exactly those; add `max` for a dynamic range too")
+        if dynamic and low is not None and high is not None:
+            if low >= high:
+                check.fail(dim_path, f"expected min < max, found min={low}, max={high}; a fixed size belongs in `shape`")
+            outside = [b for b in buckets if not low <= b <= high]
+            if outside:
+                check.fail(f"{dim_path}.buckets", f"sizes {outside} lie outside [min, max] = [{low}, {high}]")
+        elif buckets:
+            low, high = min(buckets), max(buckets)
         axes = _parse_axes(check, table.get("axes"), f"{dim_path}.axes") if by_axes else ()
         if len(check.problems) == before and low is not None and high is not None:
-            dims[name] = Dim(name=name, min=low, max=high, axes=axes)
+            dims[name] = Dim(name=name, min=low, max=high, axes=axes, buckets=buckets, dynamic=dynamic)
+    variants = 1
+    for dim in dims.values():
+        variants *= len(dim.buckets) + dim.dynamic
+    if variants > MAX_SHAPE_VARIANTS:
+        check.fail(path, f"these dims make {variants} shape variants (each compiled per CPU target); at most {MAX_SHAPE_VARIANTS}")
     return dims
+
+
+def _parse_buckets(check: _Checker, raw: Any, path: str) -> tuple[int, ...]:
+    sizes = [n for i, item in enumerate(_array(check, raw, path)) if (n := check.integer(item, f"{path}[{i}]", minimum=1)) is not None]
+    if isinstance(raw, list) and not raw:
+        check.fail(path, "expected at least one size, found []")
+    if len(set(sizes)) != len(sizes):
+        check.fail(path, f"lists a size twice: {sizes}")
+    return tuple(sorted(set(sizes)))
 
 
 def _parse_axes(check: _Checker, raw: Any, path: str) -> tuple[tuple[int | str, int], ...]:

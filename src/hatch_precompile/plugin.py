@@ -37,7 +37,7 @@ class PrecompileBuildHook(BuildHookInterface):
 
     def initialize(self, version: str, build_data: dict[str, Any]) -> None:
         config = parse_config(self.config)
-        requirements = runtime_requirements(any(m.weights == "embed" for m in config.models.values()))
+        requirements = runtime_requirements()
         build_data["dependencies"].extend(requirements)
         if self.target_name != "wheel":
             return  # the sdist carries the same pins and no compiled files

@@ -38,12 +38,26 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     with _step("imported torch"):
         import torch  # noqa: F401  (timed on its own: seconds on a cold disk)
 
-        from .capture import capture
-        from .compile import compile_model
-    with _step("captured with torch.export"):
-        captured = capture(model)
-    with _step("compiled with inductor and checked against eager"):
-        return compile_model(model, captured, out_dir)
+        from .capture import build_module, capture, shape_variants
+        from .compile import compile_for_target, cpu_targets, lifted_weights, model_entry, save_weights
+        from .errors import ModelBuildError
+    with _step("built the module"):
+        module = build_module(model)
+    artifacts: list[dict[str, Any]] = []
+    first = weights = None
+    for fixed in shape_variants(model):
+        shape = ", ".join(f"{dim}={size}" for dim, size in fixed.items()) or "dynamic dims"
+        with _step(f"captured with torch.export ({shape})"):
+            captured = capture(model, module, fixed)
+        if first is None:
+            first, weights = captured, save_weights(model, captured, out_dir)
+        elif list(lifted_weights(captured)) != weights["order"]:
+            raise ModelBuildError(model["name"], f"capturing ({shape})", "the weights the graph takes differ between shape variants")
+        for target in cpu_targets(model):
+            with _step(f"compiled for {target.name} ({shape}) and checked against eager"):
+                artifacts.append(compile_for_target(model, captured, fixed, target, out_dir))
+    assert first is not None and weights is not None
+    return model_entry(model, first, weights, artifacts)
 
 
 def main(request_path: str) -> int:

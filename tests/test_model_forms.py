@@ -1,0 +1,231 @@
+"""Shape buckets, weights bound four ways, and half-precision models, through one
+wheel built with the real hook and called in fresh processes."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conftest import Venv, no_compiler_env, run
+
+pytestmark = pytest.mark.e2e
+
+MODELS = '''
+import torch
+from torch import nn
+
+
+class Stateful(nn.Module):
+    """Tied weights, buffers with running statistics, a tensor attribute and a
+    constant made inside forward(): every kind of state a graph lifts."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(20, 8)
+        self.out = nn.Linear(8, 20, bias=False)
+        self.out.weight = self.embed.weight  # tied
+        self.norm = nn.BatchNorm1d(8)
+        self.scale = torch.linspace(0.5, 1.5, 8)  # a plain tensor attribute
+
+    def forward(self, ids):
+        h = self.norm(self.embed(ids).mean(1)) * self.scale
+        return self.out(h) + torch.tensor([0.25])
+
+
+def stateful():
+    torch.manual_seed(0)
+    model = Stateful()
+    with torch.no_grad():
+        model.norm.running_mean.uniform_(-1, 1)
+        model.norm.running_var.uniform_(0.5, 2)
+    return model.eval()
+
+
+class Mlp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(1)
+        self.layers = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4))
+
+    def forward(self, x):
+        return self.layers(x)
+
+
+def mlp():
+    return Mlp().eval()
+'''
+
+PYPROJECT = """
+[build-system]
+requires = ["hatchling", "hatch-precompile"]
+build-backend = "hatchling.build"
+
+[project]
+name = "formpkg"
+version = "1.0"
+
+[tool.hatch.build.hooks.precompile]
+fallback = "error"
+
+[tool.hatch.build.hooks.precompile.models.embedded]
+factory = "formpkg.models:stateful"
+inputs = [{ shape = ["batch", 5], dtype = "int64", range = [0, 20] }]
+dims = { batch = { min = 1, max = 16 } }
+
+[tool.hatch.build.hooks.precompile.models.from_factory]
+factory = "formpkg.models:stateful"
+inputs = [{ shape = ["batch", 5], dtype = "int64", range = [0, 20] }]
+dims = { batch = { min = 1, max = 16 } }
+weights = "factory"
+
+[tool.hatch.build.hooks.precompile.models.buckets]
+factory = "formpkg.models:mlp"
+inputs = [{ shape = ["batch", 16] }]
+dims = { batch = [2, 4] }
+
+[tool.hatch.build.hooks.precompile.models.buckets_and_range]
+factory = "formpkg.models:mlp"
+inputs = [{ shape = ["batch", 16] }]
+dims = { batch = { min = 1, max = 8, buckets = [4] } }
+
+[tool.hatch.build.hooks.precompile.models.half]
+factory = "formpkg.models:mlp"
+inputs = [{ shape = ["batch", 16], dtype = "bfloat16" }]
+dims = { batch = { min = 1, max = 8 } }
+dtype = "bfloat16"
+"""
+
+
+@pytest.fixture(scope="module")
+def forms(tmp_path_factory: pytest.TempPathFactory, torch_venv: Venv) -> Venv:
+    project = tmp_path_factory.mktemp("forms") / "project"
+    (project / "src" / "formpkg").mkdir(parents=True)
+    (project / "src" / "formpkg" / "__init__.py").write_text("from ._precompiled import load_compiled\n")
+    (project / "src" / "formpkg" / "models.py").write_text(MODELS)
+    (project / "pyproject.toml").write_text(textwrap.dedent(PYPROJECT))
+    run([sys.executable, "-m", "hatch_precompile", "init", str(project / "src" / "formpkg")])
+    run([sys.executable, "-m", "build", "--wheel", "--no-isolation", str(project)])
+    (wheel,) = (project / "dist").glob("*.whl")
+    torch_venv.pip("--no-deps", "--force-reinstall", str(wheel))
+    return torch_venv
+
+
+def call(env: Venv, tmp_path: Path, code: str) -> dict:
+    prelude = "import json, torch\nfrom formpkg import load_compiled\nfrom formpkg import models\nreport = {}\n"
+    result = env.script(prelude + textwrap.dedent(code) + "\nprint(json.dumps(report))", env=no_compiler_env(tmp_path), check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_buckets_dispatch_on_the_exact_size_and_refuse_others(forms: Venv, tmp_path: Path) -> None:
+    report = call(forms, tmp_path, """
+        model, eager = load_compiled("buckets"), models.mlp()
+        for batch in (2, 4):
+            x = torch.randn(batch, 16)
+            with torch.no_grad():
+                torch.testing.assert_close(model(x), eager(x), rtol=1e-4, atol=1e-5)
+            report[batch] = model.artifact_for(x)
+        try:
+            model(torch.randn(3, 16))
+        except ValueError as error:
+            report["3"] = str(error)
+    """)
+    assert report == {
+        "2": "buckets/cpu-avx2-batch2.bin",
+        "4": "buckets/cpu-avx2-batch4.bin",
+        "3": "model 'buckets': dim 'batch' is 3, but it was compiled only for the sizes [2, 4]",
+    }
+
+
+def test_buckets_with_a_range_use_the_dynamic_artifact_between_buckets(forms: Venv, tmp_path: Path) -> None:
+    report = call(forms, tmp_path, """
+        model, eager = load_compiled("buckets_and_range"), models.mlp()
+        for batch in (1, 3, 4, 8):
+            x = torch.randn(batch, 16)
+            with torch.no_grad():
+                torch.testing.assert_close(model(x), eager(x), rtol=1e-4, atol=1e-5)
+            report[batch] = model.artifact_for(x)
+        try:
+            model(torch.randn(9, 16))
+        except ValueError as error:
+            report["9"] = str(error)
+    """)
+    dynamic, bucket = "buckets_and_range/cpu-avx2.bin", "buckets_and_range/cpu-avx2-batch4.bin"
+    assert report == {
+        "1": dynamic,
+        "3": dynamic,
+        "4": bucket,
+        "8": dynamic,
+        "9": "model 'buckets_and_range', input x: dim 'batch' (dim 0) must be in [1, 8], got 9",
+    }
+
+
+def test_weights_bound_four_ways_give_identical_results(forms: Venv, tmp_path: Path) -> None:
+    report = call(forms, tmp_path, """
+        ids = torch.randint(0, 20, (6, 5), generator=torch.Generator().manual_seed(3))
+        eager = models.stateful()
+        with torch.no_grad():
+            expected = eager(ids)
+        ways = {
+            "shipped": load_compiled("embedded"),
+            "factory": load_compiled("from_factory"),
+            "state_dict": load_compiled("embedded", state_dict=eager.state_dict()),
+            "module": load_compiled("from_factory", module=eager),
+        }
+        report["equal"] = {way: bool(torch.equal(model(ids), ways["shipped"](ids))) for way, model in ways.items()}
+        torch.testing.assert_close(ways["shipped"](ids), expected, rtol=1e-4, atol=1e-5)
+        report["cached"] = load_compiled("embedded") is ways["shipped"]
+
+        tuned = models.stateful()
+        with torch.no_grad():
+            tuned.embed.weight.mul_(2)  # fine-tuned: the tied output layer follows
+            expected = tuned(ids)
+        torch.testing.assert_close(load_compiled("embedded", module=tuned)(ids), expected, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(load_compiled("from_factory", state_dict=tuned.state_dict())(ids), expected, rtol=1e-4, atol=1e-5)
+
+        wrong = dict(eager.state_dict())
+        wrong["embed.weight"] = torch.zeros(21, 8)
+        del wrong["norm.running_var"]
+        try:
+            load_compiled("embedded", state_dict=wrong)
+        except ValueError as error:
+            report["mismatch"] = str(error)
+    """)
+    assert report["equal"] == {"shipped": True, "factory": True, "state_dict": True, "module": True}
+    assert report["cached"] is True
+    assert report["mismatch"] == (
+        "model 'embedded': the state_dict given does not fit the compiled model: "
+        "embed.weight is float32[21, 8] on cpu, expected float32[20, 8] on cpu; norm.running_var is missing"
+    )
+
+
+def test_factory_weights_ship_only_constants(forms: Venv) -> None:
+    folder = forms.script("import formpkg, os; print(os.path.dirname(formpkg.__file__))").stdout.strip()
+    manifest = json.loads((Path(folder) / "_precompiled" / "manifest.json").read_text())["models"]
+    embedded, factory = manifest["embedded"]["weights"], manifest["from_factory"]["weights"]
+    assert embedded["mode"] == "embed" and factory["mode"] == "factory"
+    kinds = {spec["kind"] for spec in factory["specs"].values()}
+    assert kinds == {"PARAMETER", "BUFFER", "CONSTANT_TENSOR"}
+    assert embedded["size"] > factory["size"]  # the factory's file holds constants only
+    assert embedded["aliases"] == {"out.weight": "embed.weight"}  # tied: lifted under both names, stored once
+
+
+def test_a_bfloat16_model_takes_and_returns_bfloat16(forms: Venv, tmp_path: Path) -> None:
+    report = call(forms, tmp_path, """
+        model = load_compiled("half")
+        x = torch.randn(3, 16).to(torch.bfloat16)
+        with torch.no_grad():
+            expected = models.mlp().to(torch.bfloat16)(x)
+        out = model(x)
+        torch.testing.assert_close(out, expected, rtol=2e-2, atol=2e-2)
+        report["dtype"] = str(out.dtype)
+        try:
+            model(torch.randn(3, 16))
+        except ValueError as error:
+            report["float32"] = str(error)
+    """)
+    assert report == {"dtype": "torch.bfloat16", "float32": "model 'half', input x: expected dtype bfloat16, got float32"}

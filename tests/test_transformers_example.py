@@ -1,0 +1,51 @@
+"""The transformers example: a BERT encoder built from a small config, compiled with
+input_ids and attention_mask and a dynamic batch, through `python -m build` with
+build isolation (transformers reaches the build environment through hatchling's
+require-runtime-dependencies), installed in a fresh environment and compared
+with the eager model in a fresh process."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, make_venv, no_compiler_env, run, with_find_links
+
+pytestmark = pytest.mark.e2e
+
+COMPARE = """
+import json, torch
+from example_bert import load_compiled
+from example_bert.model import build_bert
+bert, eager = load_compiled("bert"), build_bert()
+report = {}
+for batch in (1, 5, 16):
+    generator = torch.Generator().manual_seed(batch)
+    ids = torch.randint(0, 1000, (batch, 32), generator=generator)
+    mask = (torch.rand(batch, 32, generator=generator) > 0.2).long()
+    out = bert(ids, attention_mask=mask)
+    with torch.no_grad():
+        ref = eager(input_ids=ids, attention_mask=mask)
+    assert type(out) is type(ref), (type(out), type(ref))
+    for key in ("last_hidden_state", "pooler_output"):
+        torch.testing.assert_close(out[key], ref[key], rtol=1e-4, atol=1e-5)
+    report[batch] = [type(out).__name__, list(out.last_hidden_state.shape), list(out.pooler_output.shape)]
+print(json.dumps(report))
+"""
+
+
+def test_bert_from_transformers_round_trips(wheelhouse: Path, tmp_path: Path) -> None:
+    project = tmp_path / "example_transformers"
+    shutil.copytree(REPO / "example_transformers", project, ignore=shutil.ignore_patterns("dist", "__pycache__"))
+    run([sys.executable, "-m", "build", "--wheel", str(project)], env=with_find_links(wheelhouse))
+    (wheel,) = (project / "dist").glob("*.whl")
+    env = make_venv(tmp_path / "venv")
+    env.pip(str(wheel))
+    report = json.loads(env.script(COMPARE, env=no_compiler_env(tmp_path)).stdout)
+    name = "BaseModelOutputWithPoolingAndCrossAttentions"
+    assert report == {str(b): [name, [b, 32, 64], [b, 64]] for b in (1, 5, 16)}
+    assert not (tmp_path / "compiler-used").exists()
