@@ -64,6 +64,16 @@ def test_keyword_inputs_and_per_model_fallback() -> None:
     assert config.models["m"].kwargs["attention_mask"] == TensorInput(shape=("batch", 64), dtype="bool")
 
 
+def test_non_tensor_arguments_are_declared_as_constant_values() -> None:
+    config = parse_config({"models": {"m": model(kwargs={"flip": {"value": True}, "scale": {"value": 0.5}})}})
+    assert config.models["m"].kwargs == {"flip": TensorInput(constant=True), "scale": TensorInput(constant=0.5)}
+    found = problems({"models": {"m": model(kwargs={"flip": {"value": [1]}, "n": {"value": 1, "dtype": "int64"}})}})
+    assert found == [
+        f"{T}.models.m.kwargs.flip.value: expected a boolean, number or string, found an array [1]",
+        f"{T}.models.m.kwargs.n.dtype: unknown key; expected one of: value",
+    ]
+
+
 def test_dims_can_be_dynamic_bucketed_or_both() -> None:
     config = parse_config(
         {

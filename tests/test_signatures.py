@@ -1,4 +1,4 @@
-"""Models declared with keyword inputs and with an `example-inputs` callable,
+"""Models declared with keyword inputs, constant arguments and an `example-inputs` callable,
 built with the real hook, installed, and called in a fresh process."""
 
 from __future__ import annotations
@@ -40,6 +40,17 @@ class Pair(nn.Module):
         return {"sum": (left + right) * scale, "parts": [left * 2, right]}
 
 
+class Scaled(nn.Module):
+    """Non-tensor arguments, compiled in as constants."""
+
+    def forward(self, x, factor: float, flip: bool = False):
+        return -x * factor if flip else x * factor
+
+
+def scaled():
+    return Scaled().eval()
+
+
 def masked():
     return Masked().eval()
 
@@ -70,6 +81,12 @@ inputs = [{ shape = ["batch", "length"], dtype = "int64", range = [0, 50] }]
 kwargs = { attention_mask = { shape = ["batch", "length"], dtype = "int64", range = [0, 2] } }
 dims = { batch = { min = 1, max = 32 }, length = { min = 2, max = 128 } }
 
+[tool.hatch.build.hooks.precompile.models.scaled]
+factory = "sigpkg.models:scaled"
+inputs = [{ shape = ["batch", 4] }, { value = 2.5 }]
+kwargs = { flip = { value = true } }
+dims = { batch = { min = 1, max = 8 } }
+
 [tool.hatch.build.hooks.precompile.models.pair]
 factory = "sigpkg.models:pair"
 example-inputs = "sigpkg.models:pair_inputs"
@@ -79,7 +96,7 @@ dims = { batch = { min = 1, max = 16, axes = ["scale:0"] } }
 CALLS = """
 import json, torch
 from sigpkg import load_compiled
-from sigpkg.models import masked, pair
+from sigpkg.models import masked, pair, scaled
 report = {}
 ids = torch.randint(0, 50, (4, 9))
 mask = (torch.rand(4, 9) > 0.3).long()
@@ -97,11 +114,20 @@ report["pair_shape"] = list(out["sum"].shape)
 with torch.no_grad():
     eager = pair()(args[0], scale=args[1])
 torch.testing.assert_close(load_compiled("pair")(args[0], scale=args[1]), eager)
+x = torch.randn(3, 4)
+scaled_model = load_compiled("scaled")
+torch.testing.assert_close(scaled_model(x, 2.5), scaled()(x, 2.5, flip=True))
+torch.testing.assert_close(scaled_model(x, 2.5, flip=True), -x * 2.5)
+for call in (lambda: scaled_model(x, 3.0), lambda: scaled_model(x, 2.5, flip=False)):
+    try:
+        call()
+    except ValueError as error:
+        report.setdefault("constants", []).append(str(error))
 print(json.dumps(report))
 """
 
 
-def test_keyword_and_example_input_models_round_trip(torch_venv: Venv, tmp_path: Path) -> None:
+def test_keyword_constant_and_example_input_models_round_trip(torch_venv: Venv, tmp_path: Path) -> None:
     project = tmp_path / "project"
     (project / "src" / "sigpkg").mkdir(parents=True)
     (project / "src" / "sigpkg" / "__init__.py").write_text("from ._precompiled import load_compiled\n")
@@ -117,3 +143,7 @@ def test_keyword_and_example_input_models_round_trip(torch_venv: Venv, tmp_path:
     assert report["mismatch"] == "model 'masked', input attention_mask: dim 'batch' is 3 here but 4 in input input_ids"
     assert report["pair_structure"] == ["dict", ["parts", "sum"], "list"]
     assert report["pair_shape"] == [7, 5]
+    assert report["constants"] == [
+        "model 'scaled', input factor: compiled for the constant 2.5, got 3.0",
+        "model 'scaled', input flip: compiled for the constant True, got False",
+    ]

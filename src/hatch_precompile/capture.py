@@ -136,7 +136,8 @@ def _describe_inputs(
     def walk(spec: dict[str, Any], value: Any, name: str, dims: dict[int, str]) -> None:
         if spec["type"] == "leaf":
             if not isinstance(value, torch.Tensor):
-                raise TypeError(f"input {name} is a {type(value).__name__}; only tensor inputs are supported yet")
+                leaves.append({"name": name, "value": value})  # compiled in: calls must pass the same
+                return
             shape = [dims.get(axis, size) for axis, size in enumerate(value.shape)]
             leaves.append({"name": name, "dtype": str(value.dtype).removeprefix("torch."), "device": value.device.type, "shape": shape})
             return
@@ -169,12 +170,15 @@ _DTYPES = {
 def _example_inputs_from_shapes(
     model: dict[str, Any], fixed: dict[str, int]
 ) -> tuple[tuple, dict, list[dict[int, str]], dict[str, dict[int, str]]]:
-    static_sizes = {s for spec in [*model["args"], *model["kwargs"].values()] for s in spec["shape"] if isinstance(s, int)}
+    specs = [*model["args"], *model["kwargs"].values()]
+    static_sizes = {s for spec in specs for s in spec.get("shape", []) if isinstance(s, int)}
     static_sizes |= set(fixed.values())
     example_size = {d: fixed.get(d) or _example_size(spec["min"], spec["max"], static_sizes) for d, spec in model["dims"].items()}
     generator = torch.Generator().manual_seed(0)
 
-    def make(spec: dict[str, Any]) -> tuple[torch.Tensor, dict[int, str]]:
+    def make(spec: dict[str, Any]) -> tuple[Any, dict[int, str]]:
+        if "value" in spec:
+            return spec["value"], {}
         shape = [example_size[s] if isinstance(s, str) else s for s in spec["shape"]]
         dims = {axis: s for axis, s in enumerate(spec["shape"]) if isinstance(s, str)}
         return _random_tensor(shape, _DTYPES[spec["dtype"]], spec["range"], generator), dims

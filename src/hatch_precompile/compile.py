@@ -206,6 +206,7 @@ def _output_leaves(exported: torch.export.ExportedProgram, captured: Captured) -
     dim_of_symbol = {
         str(size): want
         for node, leaf in zip(user_inputs, captured.input_leaves)
+        if "shape" in leaf
         for size, want in zip(node.meta["val"].shape, leaf["shape"])
         if isinstance(want, str)
     }

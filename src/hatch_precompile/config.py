@@ -62,11 +62,13 @@ class Dim:
 
 @dataclass(frozen=True)
 class TensorInput:
-    """One declared example input: sizes are ints (static) or dim names (dynamic)."""
+    """One declared example input: sizes are ints (static) or dim names (dynamic).
+    Or, with `constant`, a non-tensor argument compiled in as that value."""
 
-    shape: tuple[int | str, ...]
+    shape: tuple[int | str, ...] = ()
     dtype: str = "float32"
     value_range: tuple[float, float] | None = None
+    constant: bool | int | float | str | None = None
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,8 @@ class PrecompileConfig:
 
 
 def _input_json(spec: TensorInput) -> dict[str, Any]:
+    if spec.constant is not None:
+        return {"value": spec.constant}
     return {"shape": list(spec.shape), "dtype": spec.dtype, "range": list(spec.value_range or [])}
 
 
@@ -309,10 +313,17 @@ def _parse_input(check: _Checker, raw: Any, path: str) -> TensorInput | None:
     if table is None:
         return None
     before = len(check.problems)
-    check.keys(table, path, ("shape", "dtype", "range"))
+    if "value" in table:
+        check.keys(table, path, ("value",))
+        value = table["value"]
+        if isinstance(value, (dict, list)) or not isinstance(value, (bool, int, float, str)):
+            check.fail(f"{path}.value", f"expected a boolean, number or string, found {_describe(value)}")
+            return None
+        return None if len(check.problems) > before else TensorInput(constant=value)
+    check.keys(table, path, ("shape", "dtype", "range", "value"))
     shape: list[int | str] = []
     if "shape" not in table:
-        check.fail(f"{path}.shape", "missing; expected an array of sizes (integers) and dim names (strings)")
+        check.fail(f"{path}.shape", "missing; expected an array of sizes (integers) and dim names (strings), or give `value` for a constant")
     for i, size in enumerate(_array(check, table.get("shape", []), f"{path}.shape")):
         if isinstance(size, str):
             shape.append(size)

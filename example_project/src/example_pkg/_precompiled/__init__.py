@@ -71,36 +71,50 @@ class PrecompiledFallbackWarning(UserWarning):
 
 
 _lock = threading.Lock()
-_loaded: dict[str, Callable[..., Any]] = {}
+_loaded: dict[str, Callable[..., Any]] = {}  # load_compiled(name) with the default weights
+_graphs: dict[str, _Graphs] = {}  # deserialized artifacts, shared by every binding of weights
 
 
-def load_compiled(name: str, *, fallback: str | None = None) -> Callable[..., Any]:
+def load_compiled(
+    name: str, *, fallback: str | None = None, state_dict: dict[str, Any] | None = None, module: Any = None
+) -> Callable[..., Any]:
     """Return the model `name`: compiled if a shipped artifact fits, else per the fallback.
 
-    `fallback` ("eager" or "error") overrides $HATCH_PRECOMPILE_FALLBACK, which
-    overrides the model's configured policy. Loads once per process; concurrent
-    first calls wait for the one load. Damaged files always raise
+    Weights: by default those the build shipped (`weights = "embed"`) or the
+    factory's (`weights = "factory"`, called now). `state_dict=` or `module=` binds
+    the caller's instead (a fine-tuned copy), checked against the names, shapes and
+    dtypes that were compiled. `fallback` ("eager" or "error") overrides
+    $HATCH_PRECOMPILE_FALLBACK, which overrides the model's configured policy.
+
+    Artifacts load once per process, and concurrent first calls wait for that one
+    load; the default-weights model is reused too. Damaged files always raise
     `PrecompiledIntegrityError`, whatever the policy.
     """
+    if state_dict is not None and module is not None:
+        raise ValueError(f"model {name!r}: pass state_dict= or module=, not both")
+    default_weights = state_dict is None and module is None
     with _lock:
-        model = _loaded.get(name)
-        if model is None:
-            plan = _plan(name)
-            policy = _fallback_policy(fallback, plan.model)
-            if plan.artifact is not None:
-                model = CompiledModel(name, plan.model, plan.artifact)
-            elif policy == "error":
-                raise PrecompiledModelError(_unavailable(name, plan.reason))
-            else:
-                model = _fall_back(name, plan)
+        model = _loaded.get(name) if default_weights else None
+        if model is not None:
+            if isinstance(model, _EagerModel) and _fallback_policy(fallback, model.config) == "error":
+                raise PrecompiledModelError(_unavailable(name, model.reason))
+            return model
+        plan = _plan(name)
+        if plan.artifacts:
+            if name not in _graphs:
+                _graphs[name] = _Graphs(name, plan.model, plan.artifacts)
+            model = CompiledModel(name, plan.model, _graphs[name], _bind_weights(name, plan.model, state_dict, module))
+        elif _fallback_policy(fallback, plan.model) == "error":
+            raise PrecompiledModelError(_unavailable(name, plan.reason))
+        else:
+            model = _fall_back(name, plan, state_dict, module)
+        if default_weights:
             _loaded[name] = model
-        elif isinstance(model, _EagerModel) and _fallback_policy(fallback, model.config) == "error":
-            raise PrecompiledModelError(_unavailable(name, model.reason))
         return model
 
 
 def explain(name: str | None = None) -> str:
-    """Say, for one model or all, which shipped artifact `load_compiled` would use
+    """Say, for one model or all, which shipped artifacts `load_compiled` would use
     here, or why none fits. Reads the manifest only; loads nothing."""
     manifest = _read_manifest()
     if manifest is None:
@@ -109,8 +123,9 @@ def explain(name: str | None = None) -> str:
     lines = []
     for each in names:
         plan = _plan(each, manifest)
-        if plan.artifact is not None:
-            lines.append(f"{each}: would load {plan.artifact['file']} (CPU target {plan.artifact['cpu_target']})")
+        if plan.artifacts:
+            files = ", ".join(a["file"] for a in plan.artifacts)
+            lines.append(f"{each}: would load {files} (CPU target {plan.artifacts[0]['cpu_target']})")
         else:
             lines.append(f"{each}: {plan.reason}; fallback: {_fallback_policy(None, plan.model)}")
     return "\n".join(lines)
@@ -120,11 +135,11 @@ load_compiled.explain = explain  # type: ignore[attr-defined]  # reachable throu
 
 
 class _Plan:
-    """What loading `name` would do: the model's manifest entry and the artifact
-    to load, or None and the reason."""
+    """What loading `name` would do: the model's manifest entry and the artifacts
+    to load (one CPU target, every shape variant), or none and the reason."""
 
-    def __init__(self, model: dict[str, Any], artifact: dict[str, Any] | None, reason: str) -> None:
-        self.model, self.artifact, self.reason = model, artifact, reason
+    def __init__(self, model: dict[str, Any], artifacts: list[dict[str, Any]], reason: str) -> None:
+        self.model, self.artifacts, self.reason = model, artifacts, reason
 
 
 def _plan(name: str, manifest: dict[str, Any] | None = None) -> _Plan:
@@ -134,13 +149,13 @@ def _plan(name: str, manifest: dict[str, Any] | None = None) -> _Plan:
             f"no compiled artifacts next to {_HERE} (a source checkout, an editable install, "
             "or a wheel built without the precompile hook)"
         )
-        return _Plan(_model_from_source_config(name), None, reason)
+        return _Plan(_model_from_source_config(name), [], reason)
     model = manifest["models"].get(name)
     if model is None:
         known = ", ".join(sorted(manifest["models"])) or "none"
         raise KeyError(f"no model named {name!r} in {_MANIFEST} (models: {known})")
-    artifact, reason = _pick_artifact(model)
-    return _Plan(model, artifact, reason)
+    artifacts, reason = _pick_artifacts(model)
+    return _Plan(model, artifacts, reason)
 
 
 def _fallback_policy(requested: str | None, model: dict[str, Any]) -> str:
@@ -234,42 +249,45 @@ def _running_environment() -> dict[str, Any]:
     }
 
 
-def _pick_artifact(model: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
-    """The best shipped artifact this process can run, or None and why none fits.
+def _pick_artifacts(model: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
+    """The artifacts (every shape variant) of the best CPU target this process can
+    run, or none and why none fits.
 
     Decided from the manifest alone, so nothing is unpickled and no native code is
     loaded for a variant that does not fit. The torch build is compared by version
     (with its local label, e.g. +cpu) and git revision: the artifact's exact key,
     torch_key(), hashes every torch source file and costs a second to compute."""
     here = _running_environment()
-    candidates = sorted(model["artifacts"], key=lambda a: _aten_level(a["aten_capability"]), reverse=True)
+    targets: dict[str, list[dict[str, Any]]] = {}
+    for artifact in sorted(model["artifacts"], key=lambda a: _aten_level(a["aten_capability"]), reverse=True):
+        targets.setdefault(artifact["cpu_target"], []).append(artifact)
     forced = os.environ.get(CPU_TARGET_VARIABLE)
     if forced:
-        candidates = [a for a in candidates if a["cpu_target"] == forced]
-        if not candidates:
-            shipped = ", ".join(a["cpu_target"] for a in model["artifacts"])
-            return None, f"{CPU_TARGET_VARIABLE}={forced} but the shipped CPU targets are: {shipped}"
+        if forced not in targets:
+            return [], f"{CPU_TARGET_VARIABLE}={forced} but the shipped CPU targets are: {', '.join(targets)}"
+        targets = {forced: targets[forced]}
     reasons = []
-    for artifact in candidates:
-        built = artifact["built_with"]
+    for target, artifacts in targets.items():
+        first = artifacts[0]  # the variants of one target share their requirements
+        built = first["built_with"]
         problems = [f"{what} differs" for what in ("torch", "torch_git", "python", "platform") if built[what] != here[what]]
-        missing = sorted(set(artifact["cpu_features"]) - here["cpu_features"])
+        missing = sorted(set(first["cpu_features"]) - here["cpu_features"])
         if missing:
             problems.append(f"CPU lacks {', '.join(missing)}")
-        if _aten_level(artifact["aten_capability"]) > _aten_level(here["aten_capability"]):
-            problems.append(f"torch runs {here['aten_capability']} kernels here, not {artifact['aten_capability']} (see ATEN_CPU_CAPABILITY)")
+        if _aten_level(first["aten_capability"]) > _aten_level(here["aten_capability"]):
+            problems.append(f"torch runs {here['aten_capability']} kernels here, not {first['aten_capability']} (see ATEN_CPU_CAPABILITY)")
         if not problems:
-            return artifact, ""
+            return artifacts, ""
         reasons.append(
-            f"{artifact['file']} was built with torch {built['torch']} ({built['torch_git'][:12]}) on "
-            f"cp{built['python'].replace('.', '')} {built['platform']} for {artifact['cpu_target']}: " + ", ".join(problems)
+            f"{first['file']} was built with torch {built['torch']} ({built['torch_git'][:12]}) on "
+            f"cp{built['python'].replace('.', '')} {built['platform']} for {target}: " + ", ".join(problems)
         )
     found = ", ".join(sorted(here["cpu_features"])) or "none"
     running = (
         f"running torch {here['torch']} ({here['torch_git'][:12]}) on cp{here['python'].replace('.', '')} "
         f"{here['platform']} with {here['aten_capability']} kernels and CPU features: {found}"
     )
-    return None, f"no shipped artifact fits this process: {'; '.join(reasons)}; {running}"
+    return [], f"no shipped artifact fits this process: {'; '.join(reasons)}; {running}"
 
 
 def _aten_level(capability: str) -> int:
@@ -279,49 +297,84 @@ def _aten_level(capability: str) -> int:
 # --- The compiled model --------------------------------------------------------------
 
 
+class _Graphs:
+    """The deserialized artifacts of one model for one CPU target, one per shape
+    variant, most specialised first; weights are bound by `CompiledModel`."""
+
+    def __init__(self, name: str, model: dict[str, Any], artifacts: list[dict[str, Any]]) -> None:
+        self.name, self.dims = name, model["dims"]
+        ordered = sorted(artifacts, key=lambda a: len(a["specialized"]), reverse=True)
+        self.variants = [(a["specialized"], a["file"], _deserialize(name, model, a)) for a in ordered]
+        self.files = [a["file"] for a in artifacts]
+
+    def pick(self, sizes: dict[str, int]) -> tuple[str, Callable[..., list[Any]]]:
+        """(file, callable) of the artifact for these dim sizes: an exact bucket,
+        else the dynamic one."""
+        for specialized, file, compiled in self.variants:
+            if all(sizes.get(dim) == size for dim, size in specialized.items()):
+                return file, compiled
+        dim, size = next((d, sizes[d]) for d, spec in self.dims.items() if not spec["dynamic"] and sizes[d] not in spec["buckets"])
+        raise ValueError(
+            f"model {self.name!r}: dim {dim!r} is {size}, but it was compiled only for the sizes {self.dims[dim]['buckets']}"
+        )
+
+
+def _deserialize(name: str, model: dict[str, Any], artifact: dict[str, Any]) -> Callable[..., list[Any]]:
+    """Verify an artifact and its kernels, then unpickle it with the shipped kernels."""
+    from . import _torch_private
+
+    data = _verified_bytes(artifact)
+    kernels = {key: _verified_path(model["kernels"][key]) for key in artifact["kernels"]}
+    try:
+        key, payload = _torch_private.split_artifact(data)
+    except _torch_private.ArtifactFormatError as error:
+        raise PrecompiledIntegrityError(f"{_HERE / artifact['file']}: {error}") from None
+    if key.hex() != artifact["built_with"]["torch_key"]:
+        raise PrecompiledIntegrityError(
+            f"{_HERE / artifact['file']} was written by another torch build than the manifest says "
+            f"(torch key {key.hex()[:16]}..., manifest {artifact['built_with']['torch_key'][:16]}...)"
+        )
+    try:
+        with _private_inductor_cache(), _torch_private.shipped_kernels(kernels):
+            return _torch_private.deserialize_artifact(payload)
+    except _torch_private.MissingKernelError as error:
+        raise PrecompiledIntegrityError(f"model {name!r}, {artifact['file']}: {error}") from None
+
+
 class CompiledModel:
-    """A compiled artifact with its weights bound: call it like the module's forward."""
+    """Compiled artifacts with weights bound: call it like the module's forward."""
 
-    def __init__(self, name: str, model: dict[str, Any], artifact: dict[str, Any]) -> None:
-        from . import _torch_private
-
+    def __init__(self, name: str, model: dict[str, Any], graphs: _Graphs, weights: list[Any]) -> None:
         self.name = name
-        self.artifact_file = artifact["file"]
-        self._inputs = model["inputs"]
-        self._outputs = model["outputs"]
-        self._dims = model["dims"]
-        data = _verified_bytes(artifact)
-        kernels = {key: _verified_path(model["kernels"][key]) for key in artifact["kernels"]}
-        self._weights = [*_read_weights(model["weights"]).values()] if "weights" in model else []
-        try:
-            key, payload = _torch_private.split_artifact(data)
-        except _torch_private.ArtifactFormatError as error:
-            raise PrecompiledIntegrityError(f"{_HERE / artifact['file']}: {error}") from None
-        if key.hex() != artifact["built_with"]["torch_key"]:
-            raise PrecompiledIntegrityError(
-                f"{_HERE / artifact['file']} was written by another torch build than the manifest says "
-                f"(torch key {key.hex()[:16]}..., manifest {artifact['built_with']['torch_key'][:16]}...)"
-            )
-        try:
-            with _private_inductor_cache(), _torch_private.shipped_kernels(kernels):
-                self._compiled = _torch_private.deserialize_artifact(payload)
-        except _torch_private.MissingKernelError as error:
-            raise PrecompiledIntegrityError(f"model {name!r}, {artifact['file']}: {error}") from None
+        self._inputs, self._outputs = model["inputs"], model["outputs"]
+        keywords = set(model["inputs"]["tree"]["children"][1].get("keys", []))
+        self._keyword_constants = {
+            leaf["name"]: leaf["value"] for leaf in model["inputs"]["leaves"] if "value" in leaf and leaf["name"] in keywords
+        }
+        self._graphs, self._weights = graphs, weights
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        flat_outputs = self._compiled(*self._weights, *self.check_inputs(*args, **kwargs))
-        return _unflatten(self._outputs["tree"], iter(flat_outputs))
+        flat_inputs, sizes = self._checked(args, kwargs)
+        _, compiled = self._graphs.pick(sizes)
+        return _unflatten(self._outputs["tree"], iter(compiled(*self._weights, *flat_inputs)))
+
+    def artifact_for(self, *args: Any, **kwargs: Any) -> str:
+        """Which shipped artifact would serve this call (shape buckets dispatch on size)."""
+        return self._graphs.pick(self._checked(args, kwargs)[1])[0]
 
     def check_inputs(self, *args: Any, **kwargs: Any) -> list[Any]:
         """Flatten a call's arguments and check them against what was compiled
         (compiled code checks nothing: a wrong dtype or size gives garbage or a
         crash). Raises ValueError naming the input; returns the flat tensors."""
+        return self._checked(args, kwargs)[0]
+
+    def _checked(self, args: tuple, kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, int]]:
+        kwargs = {**self._keyword_constants, **kwargs}  # compiled-in keyword constants may be left out
         flat_inputs = _flatten_call(self.name, self._inputs["tree"], args, kwargs)
-        _check_inputs(self.name, self._inputs["leaves"], self._dims, flat_inputs)
-        return flat_inputs
+        return flat_inputs, _check_inputs(self.name, self._inputs["leaves"], self._graphs.dims, flat_inputs)
 
     def __repr__(self) -> str:
-        return f"<compiled model {self.name!r} from {self.artifact_file}>"
+        return f"<compiled model {self.name!r} from {', '.join(self._graphs.files)}>"
 
 
 @contextlib.contextmanager
@@ -365,12 +418,72 @@ def _private_cache_dir() -> Path:
 
 
 def _read_weights(weights: dict[str, Any]) -> dict[str, Any]:
-    """The lifted parameters, buffers and constants by name, in the order the graph
-    takes them; memory-mapped by safetensors (no pickle)."""
+    """The shipped tensors by name, memory-mapped by safetensors (no pickle); tied
+    weights are stored once and bound under each name."""
     from safetensors.torch import load_file
 
     tensors = load_file(_verified_path(weights))
-    return {name: tensors[name] for name in weights["order"]}
+    for alias, name in weights["aliases"].items():
+        tensors[alias] = tensors[name]
+    return tensors
+
+
+def _bind_weights(name: str, model: dict[str, Any], state_dict: dict[str, Any] | None, module: Any) -> list[Any]:
+    """The tensors the compiled graph takes before the user inputs, in its order,
+    from the caller's module or state_dict, the factory, or the shipped file;
+    constants no module attribute holds always come from the shipped file."""
+    spec = model["weights"]
+    shipped = _read_weights(spec) if "file" in spec else {}
+    if module is not None:
+        lookup, source = _tensor_lookup(module), "the module given"
+    elif state_dict is not None:
+        lookup, source = dict(state_dict).get, "the state_dict given"
+    elif spec["mode"] == "factory":
+        lookup, source = _tensor_lookup(_build_module(model)), f"the module from factory {model['factory']!r}"
+    else:
+        return [shipped[n] for n in spec["order"]]
+    tensors, problems = [], []
+    for weight in spec["order"]:
+        want = spec["specs"][weight]
+        tensor = shipped.get(weight) if want["kind"] == "CONSTANT_TENSOR" else lookup(weight)
+        if tensor is None:
+            problems.append(f"{weight} is missing")
+            continue
+        found = f"{str(tensor.dtype).removeprefix('torch.')}{list(tensor.shape)} on {tensor.device.type}"
+        if found != f"{want['dtype']}{want['shape']} on cpu":
+            problems.append(f"{weight} is {found}, expected {want['dtype']}{want['shape']} on cpu")
+        tensors.append(tensor.detach())
+    if problems:
+        more = f"; and {len(problems) - 8} more" if len(problems) > 8 else ""
+        raise ValueError(f"model {name!r}: {source} does not fit the compiled model: {'; '.join(problems[:8])}{more}")
+    return tensors
+
+
+def _tensor_lookup(module: Any) -> Callable[[str], Any]:
+    """Find a module's tensor by state-dict name: parameters and buffers (tied ones
+    under each name), then plain tensor attributes."""
+    named = dict(module.named_parameters(remove_duplicate=False))
+    named.update(module.named_buffers(remove_duplicate=False))
+
+    def lookup(name: str) -> Any:
+        if name in named:
+            return named[name]
+        target = module
+        for part in name.split("."):
+            target = getattr(target, part, None)
+        return target
+
+    return lookup
+
+
+def _build_module(model: dict[str, Any]) -> Any:
+    """The factory's module, converted to the compiled dtype, in eval mode."""
+    import torch
+
+    module = _import_object(model["factory"])()
+    if model.get("dtype"):
+        module = module.to(getattr(torch, model["dtype"]))
+    return module.eval()
 
 
 def _flatten_call(name: str, tree: dict[str, Any], args: tuple, kwargs: dict) -> list[Any]:
@@ -396,13 +509,13 @@ def _flatten(name: str, value: Any, spec: dict[str, Any], path: str, leaves: lis
     kind = spec["type"]
     if kind == "leaf":
         leaves.append(value)
-    elif kind == "dict":
-        if not isinstance(value, dict) or set(value) != set(spec["keys"]):
-            raise ValueError(f"model {name!r}: input {path or 'kwargs'} must be a dict with keys {spec['keys']}")
+    elif kind in ("dict", "keyed"):
+        if not hasattr(value, "keys") or set(value.keys()) != set(spec["keys"]):
+            raise ValueError(f"model {name!r}: input {path or 'kwargs'} must be a mapping with keys {spec['keys']}")
         for key, child in zip(spec["keys"], spec["children"]):
             _flatten(name, value[key], child, f"{path}[{key!r}]", leaves)
     else:
-        container = tuple if kind == "tuple" else list
+        container = list if kind == "list" else tuple
         if not isinstance(value, container) or len(value) != len(spec["children"]):
             raise ValueError(
                 f"model {name!r}: input {path or 'args'} must be a {kind} of {len(spec['children'])} item(s)"
@@ -412,21 +525,47 @@ def _flatten(name: str, value: Any, spec: dict[str, Any], path: str, leaves: lis
 
 
 def _unflatten(spec: dict[str, Any], leaves: Any) -> Any:
+    """Rebuild the module's output structure. Classes (named tuples, library output
+    classes such as transformers' ModelOutput) are imported by name and rebuilt;
+    if that import fails, the user gets a tuple (named tuples) or a dict (keyed
+    classes) with the same contents."""
     kind = spec["type"]
     if kind == "leaf":
         return next(leaves)
     children = [_unflatten(child, leaves) for child in spec["children"]]
-    if kind == "dict":
-        return dict(zip(spec["keys"], children))
+    if kind in ("dict", "keyed"):
+        values = dict(zip(spec["keys"], children))
+        cls = _output_class(spec) if kind == "keyed" else None
+        return cls(**values) if cls is not None else values
+    if kind == "namedtuple":
+        cls = _output_class(spec)
+        return cls(*children) if cls is not None else tuple(children)
     return tuple(children) if kind == "tuple" else children
 
 
-def _check_inputs(name: str, specs: list[dict[str, Any]], dims: dict[str, Any], values: list[Any]) -> None:
+_output_classes: dict[str, Any] = {}
+
+
+def _output_class(spec: dict[str, Any]) -> Any:
+    if spec["class"] not in _output_classes:
+        try:
+            _output_classes[spec["class"]] = _import_object(spec["class"])
+        except (ImportError, AttributeError):
+            _output_classes[spec["class"]] = None
+    return _output_classes[spec["class"]]
+
+
+def _check_inputs(name: str, specs: list[dict[str, Any]], dims: dict[str, Any], values: list[Any]) -> dict[str, int]:
+    """Check each flat input against its spec; return the size of each dim."""
     import torch
 
     sizes: dict[str, tuple[int, str]] = {}
     for spec, value in zip(specs, values):
         where = f"model {name!r}, input {spec['name']}"
+        if "value" in spec:
+            if value != spec["value"] or type(value) is not type(spec["value"]):
+                raise ValueError(f"{where}: compiled for the constant {spec['value']!r}, got {value!r}")
+            continue
         if not isinstance(value, torch.Tensor):
             raise ValueError(f"{where}: expected a tensor, got {type(value).__name__}")
         if str(value.dtype) != f"torch.{spec['dtype']}":
@@ -447,21 +586,27 @@ def _check_inputs(name: str, specs: list[dict[str, Any]], dims: dict[str, Any], 
             first = sizes.setdefault(want, (got, spec["name"]))
             if first[0] != got:
                 raise ValueError(f"{where}: dim {want!r} is {got} here but {first[0]} in input {first[1]}")
+    return {dim: size for dim, (size, _) in sizes.items()}
 
 
 # --- Falling back -------------------------------------------------------------------
 
 
-def _fall_back(name: str, plan: _Plan) -> _EagerModel:
-    """Build the module with its factory, bind the shipped weights, warn once."""
+def _fall_back(name: str, plan: _Plan, state_dict: dict[str, Any] | None, module: Any) -> _EagerModel:
+    """The module itself (the caller's, or the factory's with the given or shipped
+    weights bound), with a warning saying why it is not compiled."""
     warnings.warn(
         f"model {name!r} runs eagerly (not compiled): {_unavailable(name, plan.reason).split(': ', 1)[1]}",
         PrecompiledFallbackWarning,
         stacklevel=3,
     )
-    module = _import_object(plan.model["factory"])()
-    if "weights" in plan.model:
-        module.load_state_dict(_read_weights(plan.model["weights"]), strict=False)
+    if module is None:
+        module = _build_module(plan.model)
+        if state_dict is not None:
+            module.load_state_dict(state_dict)
+        elif "file" in plan.model.get("weights", {}):
+            own = module.state_dict()
+            module.load_state_dict({k: v for k, v in _read_weights(plan.model["weights"]).items() if k in own}, strict=False)
     return _EagerModel(module.eval(), plan.model, plan.reason)
 
 
@@ -505,7 +650,8 @@ def _model_from_source_config(name: str) -> dict[str, Any]:
             if name not in models:
                 known = ", ".join(sorted(models)) or "none"
                 raise KeyError(f"no model named {name!r} in {pyproject} (models: {known})")
-            return {"factory": models[name]["factory"], "fallback": models[name].get("fallback", table.get("fallback", "eager"))}
+            config = models[name]
+            return {"factory": config["factory"], "dtype": config.get("dtype"), "fallback": config.get("fallback", table.get("fallback", "eager"))}
     raise PrecompiledModelError(
         f"model {name!r}: no manifest.json next to {_HERE} and no pyproject.toml above it: "
         "this package was built without the hatch-precompile hook"

@@ -216,16 +216,28 @@ def tree_leaves(tree: Any) -> list[Any]:
 
 
 def treespec_to_json(spec: Any) -> dict[str, Any]:
-    """A pytree spec as plain data: tuple, list and dict nodes around tensor leaves."""
+    """A pytree spec as plain data: tuple, list and dict nodes around tensor leaves;
+    named tuples and classes flattened by key (transformers' ModelOutput) by the
+    import path of their class."""
+    from collections import namedtuple
+
     if spec.is_leaf():
         return {"type": "leaf"}
+    children = [treespec_to_json(c) for c in spec.children()]
     kind = {tuple: "tuple", list: "list", dict: "dict"}.get(spec.type)
-    if kind is None:
-        raise TypeError(
-            f"{spec.type.__module__}.{spec.type.__qualname__} in inputs or outputs is not supported yet; "
-            "use tuples, lists, dicts and tensors"
-        )
-    node: dict[str, Any] = {"type": kind, "children": [treespec_to_json(c) for c in spec.children()]}
     if kind == "dict":
-        node["keys"] = list(spec.context)
-    return node
+        return {"type": kind, "keys": list(spec.context), "children": children}
+    if kind is not None:
+        return {"type": kind, "children": children}
+    if spec.type is namedtuple:  # torch records the named tuple's class as the context
+        return {"type": "namedtuple", "class": _import_path(spec.context), "children": children}
+    if isinstance(spec.context, (list, tuple)) and all(isinstance(key, str) for key in spec.context):
+        return {"type": "keyed", "class": _import_path(spec.type), "keys": list(spec.context), "children": children}
+    raise TypeError(
+        f"{_import_path(spec.type)} in inputs or outputs is not supported yet; "
+        "use tuples, lists, dicts, named tuples and tensors"
+    )
+
+
+def _import_path(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"

@@ -347,6 +347,10 @@ class CompiledModel:
     def __init__(self, name: str, model: dict[str, Any], graphs: _Graphs, weights: list[Any]) -> None:
         self.name = name
         self._inputs, self._outputs = model["inputs"], model["outputs"]
+        keywords = set(model["inputs"]["tree"]["children"][1].get("keys", []))
+        self._keyword_constants = {
+            leaf["name"]: leaf["value"] for leaf in model["inputs"]["leaves"] if "value" in leaf and leaf["name"] in keywords
+        }
         self._graphs, self._weights = graphs, weights
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -365,6 +369,7 @@ class CompiledModel:
         return self._checked(args, kwargs)[0]
 
     def _checked(self, args: tuple, kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, int]]:
+        kwargs = {**self._keyword_constants, **kwargs}  # compiled-in keyword constants may be left out
         flat_inputs = _flatten_call(self.name, self._inputs["tree"], args, kwargs)
         return flat_inputs, _check_inputs(self.name, self._inputs["leaves"], self._graphs.dims, flat_inputs)
 
@@ -557,6 +562,10 @@ def _check_inputs(name: str, specs: list[dict[str, Any]], dims: dict[str, Any], 
     sizes: dict[str, tuple[int, str]] = {}
     for spec, value in zip(specs, values):
         where = f"model {name!r}, input {spec['name']}"
+        if "value" in spec:
+            if value != spec["value"] or type(value) is not type(spec["value"]):
+                raise ValueError(f"{where}: compiled for the constant {spec['value']!r}, got {value!r}")
+            continue
         if not isinstance(value, torch.Tensor):
             raise ValueError(f"{where}: expected a tensor, got {type(value).__name__}")
         if str(value.dtype) != f"torch.{spec['dtype']}":
