@@ -13,7 +13,8 @@ min-max shown), all in one run so they share the machine's current load:
 
 Steady state: median time per call over --calls calls after a warm-up, same input
 and thread count in every case; for load_compiled also the cost of its input
-checks alone.
+checks alone. Peak RSS: the process's maximum resident memory (weights included:
+eager loads them into the module, load_compiled memory-maps the shipped file).
 """
 
 from __future__ import annotations
@@ -74,7 +75,9 @@ with torch.no_grad():
             checks.append(time.perf_counter() - t)
 times.sort()
 checks.sort()
-print(json.dumps({"first": first, "call": times[len(times) // 2], "check": checks[len(checks) // 2] if checks else None}))
+import resource
+peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps({"first": first, "call": times[len(times) // 2], "check": checks[len(checks) // 2] if checks else None, "rss": peak_mb}))
 """.replace("BATCH", str(BATCH))
 
 AOTI_SETUP = r"""
@@ -144,8 +147,8 @@ def main() -> None:
     eager_first = statistics.median(r["first"] for r in results["eager"])
     compile_call = statistics.median(r["call"] for r in results["torch.compile"])
     print(f"example encoder, batch {BATCH}x64, {args.threads} thread(s), {args.runs} fresh processes per case\n")
-    print("| case | first output, s (min-max) | vs eager | steady state, ms/call (min-max) | vs torch.compile |")
-    print("|---|---|---|---|---|")
+    print("| case | first output, s (min-max) | vs eager | steady state, ms/call (min-max) | vs torch.compile | peak RSS, MB |")
+    print("|---|---|---|---|---|---|")
     for case, runs in results.items():
         first = [r["first"] for r in runs]
         call = [r["call"] * 1000 for r in runs]
@@ -153,7 +156,8 @@ def main() -> None:
             f"| {case} | {statistics.median(first):.2f} ({min(first):.2f}-{max(first):.2f}) "
             f"| {statistics.median(first) / eager_first:.2f}x "
             f"| {statistics.median(call):.3f} ({min(call):.3f}-{max(call):.3f}) "
-            f"| {statistics.median(call) / (compile_call * 1000):.2f}x |"
+            f"| {statistics.median(call) / (compile_call * 1000):.2f}x "
+            f"| {statistics.median(r['rss'] for r in runs):.0f} |"
         )
     checks = [r["check"] * 1e6 for r in results["load_compiled"]]
     print(

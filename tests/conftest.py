@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import textwrap
 import venv
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +59,32 @@ def no_compiler_env(tmp_path: Path, **extra: str) -> dict[str, str]:
         "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
     }
     return {**env, **extra}
+
+
+def write_project(root: Path, package: str, models: str, precompile_toml: str, *, vendor_loader: bool = True) -> Path:
+    """A src-layout project distributing `package`, whose `models.py` is `models` and
+    whose pyproject.toml ends with the precompile table's body `precompile_toml`;
+    the loader is vendored as `python -m hatch_precompile init` does."""
+    project = root / "project"
+    source = project / "src" / package
+    source.mkdir(parents=True)
+    (source / "__init__.py").write_text("from ._precompiled import load_compiled\n" if vendor_loader else "")
+    (source / "models.py").write_text(models)
+    header = (
+        '[build-system]\nrequires = ["hatchling", "hatch-precompile"]\nbuild-backend = "hatchling.build"\n\n'
+        f'[project]\nname = "{package}"\nversion = "1.0"\n\n[tool.hatch.build.hooks.precompile]\n'
+    )
+    (project / "pyproject.toml").write_text(header + textwrap.dedent(precompile_toml))
+    if vendor_loader:
+        run([sys.executable, "-m", "hatch_precompile", "init", str(source)])
+    return project
+
+
+def build_wheel(project: Path) -> Path:
+    """`python -m build --wheel` without isolation: the hook is this checkout's."""
+    run([sys.executable, "-m", "build", "--wheel", "--no-isolation", str(project)])
+    (wheel,) = (project / "dist").glob("*.whl")
+    return wheel
 
 
 def reseal(manifest_path: Path, manifest: dict) -> None:

@@ -9,14 +9,12 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import Venv, make_venv, no_compiler_env, reseal, run
+from conftest import Venv, build_wheel, make_venv, no_compiler_env, reseal, run, write_project
 
 pytestmark = pytest.mark.e2e
 
@@ -51,7 +49,7 @@ def build():
 LOAD = """
 import json, torch
 from reducepkg import load_compiled, _precompiled
-from reducepkg.model import build
+from reducepkg.models import build
 model = load_compiled("reductions")
 x = torch.randn(5, 4096, generator=torch.Generator().manual_seed(1))
 out = model(x)
@@ -66,35 +64,16 @@ print(json.dumps({"loaded": repr(model)}))
 @pytest.fixture(scope="module")
 def reduce_venv(tmp_path_factory: pytest.TempPathFactory) -> Venv:
     root = tmp_path_factory.mktemp("reduce")
-    project = root / "project"
-    (project / "src" / "reducepkg").mkdir(parents=True)
-    (project / "src" / "reducepkg" / "__init__.py").write_text("from ._precompiled import load_compiled\n")
-    (project / "src" / "reducepkg" / "model.py").write_text(MODEL)
-    (project / "pyproject.toml").write_text(
-        textwrap.dedent(
-            f"""\
-            [build-system]
-            requires = ["hatchling", "hatch-precompile"]
-            build-backend = "hatchling.build"
+    precompile = f"""
+        cpu-targets = {json.dumps(TARGETS)}
+        fallback = "error"
 
-            [project]
-            name = "reducepkg"
-            version = "1.0"
-
-            [tool.hatch.build.hooks.precompile]
-            cpu-targets = {json.dumps(TARGETS)}
-            fallback = "error"
-
-            [tool.hatch.build.hooks.precompile.models.reductions]
-            factory = "reducepkg.model:build"
-            inputs = [{{ shape = ["batch", 4096] }}]
-            dims = {{ batch = {{ min = 1, max = 64 }} }}
-            """
-        )
-    )
-    run([sys.executable, "-m", "hatch_precompile", "init", str(project / "src" / "reducepkg")])
-    run([sys.executable, "-m", "build", "--wheel", "--no-isolation", str(project)])
-    (wheel,) = (project / "dist").glob("*.whl")
+        [tool.hatch.build.hooks.precompile.models.reductions]
+        factory = "reducepkg.models:build"
+        inputs = [{{ shape = ["batch", 4096] }}]
+        dims = {{ batch = {{ min = 1, max = 64 }} }}
+        """
+    wheel = build_wheel(write_project(root, "reducepkg", MODEL, precompile))
     env = make_venv(root / "venv")
     env.pip(str(wheel))
     return env

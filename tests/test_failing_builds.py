@@ -8,13 +8,12 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import run
+from conftest import run, write_project
 
 pytestmark = pytest.mark.e2e
 
@@ -50,25 +49,7 @@ def not_a_module():
 
 def make_project(tmp_path: Path, precompile_toml: str) -> Path:
     """A src-layout project `mypkg` whose precompile table is `precompile_toml`."""
-    project = tmp_path / "project"
-    (project / "src" / "mypkg").mkdir(parents=True)
-    (project / "src" / "mypkg" / "__init__.py").write_text("")
-    (project / "src" / "mypkg" / "models.py").write_text(MODELS)
-    header = textwrap.dedent(
-        """\
-        [build-system]
-        requires = ["hatchling", "hatch-precompile"]
-        build-backend = "hatchling.build"
-
-        [project]
-        name = "mypkg"
-        version = "1.0"
-
-        [tool.hatch.build.hooks.precompile]
-        """
-    )
-    (project / "pyproject.toml").write_text(header + textwrap.dedent(precompile_toml))
-    return project
+    return write_project(tmp_path, "mypkg", MODELS, precompile_toml, vendor_loader=False)
 
 
 def build(project: Path) -> tuple[int, str, Path]:

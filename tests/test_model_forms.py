@@ -4,13 +4,12 @@ wheel built with the real hook and called in fresh processes."""
 from __future__ import annotations
 
 import json
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from conftest import Venv, no_compiler_env, run
+from conftest import Venv, build_wheel, no_compiler_env, write_project
 
 pytestmark = pytest.mark.e2e
 
@@ -59,16 +58,7 @@ def mlp():
     return Mlp().eval()
 '''
 
-PYPROJECT = """
-[build-system]
-requires = ["hatchling", "hatch-precompile"]
-build-backend = "hatchling.build"
-
-[project]
-name = "formpkg"
-version = "1.0"
-
-[tool.hatch.build.hooks.precompile]
+PRECOMPILE = """
 fallback = "error"
 
 [tool.hatch.build.hooks.precompile.models.embedded]
@@ -102,14 +92,7 @@ dtype = "bfloat16"
 
 @pytest.fixture(scope="module")
 def forms(tmp_path_factory: pytest.TempPathFactory, torch_venv: Venv) -> Venv:
-    project = tmp_path_factory.mktemp("forms") / "project"
-    (project / "src" / "formpkg").mkdir(parents=True)
-    (project / "src" / "formpkg" / "__init__.py").write_text("from ._precompiled import load_compiled\n")
-    (project / "src" / "formpkg" / "models.py").write_text(MODELS)
-    (project / "pyproject.toml").write_text(textwrap.dedent(PYPROJECT))
-    run([sys.executable, "-m", "hatch_precompile", "init", str(project / "src" / "formpkg")])
-    run([sys.executable, "-m", "build", "--wheel", "--no-isolation", str(project)])
-    (wheel,) = (project / "dist").glob("*.whl")
+    wheel = build_wheel(write_project(tmp_path_factory.mktemp("forms"), "formpkg", MODELS, PRECOMPILE))
     torch_venv.pip("--no-deps", "--force-reinstall", str(wheel))
     return torch_venv
 

@@ -4,13 +4,11 @@ built with the real hook, installed, and called in a fresh process."""
 from __future__ import annotations
 
 import json
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
-from conftest import Venv, no_compiler_env, run
+from conftest import Venv, build_wheel, no_compiler_env, write_project
 
 pytestmark = pytest.mark.e2e
 
@@ -63,16 +61,7 @@ def pair_inputs():
     return ((torch.randn(1, 5), torch.randn(1, 5)),), {"scale": torch.randn(3, 1)}
 '''
 
-PYPROJECT = """
-[build-system]
-requires = ["hatchling", "hatch-precompile"]
-build-backend = "hatchling.build"
-
-[project]
-name = "sigpkg"
-version = "1.0"
-
-[tool.hatch.build.hooks.precompile]
+PRECOMPILE = """
 fallback = "error"
 
 [tool.hatch.build.hooks.precompile.models.masked]
@@ -128,14 +117,7 @@ print(json.dumps(report))
 
 
 def test_keyword_constant_and_example_input_models_round_trip(torch_venv: Venv, tmp_path: Path) -> None:
-    project = tmp_path / "project"
-    (project / "src" / "sigpkg").mkdir(parents=True)
-    (project / "src" / "sigpkg" / "__init__.py").write_text("from ._precompiled import load_compiled\n")
-    (project / "src" / "sigpkg" / "models.py").write_text(MODELS)
-    (project / "pyproject.toml").write_text(textwrap.dedent(PYPROJECT))
-    run([sys.executable, "-m", "hatch_precompile", "init", str(project / "src" / "sigpkg")])
-    run([sys.executable, "-m", "build", "--wheel", "--no-isolation", str(project)])
-    (wheel,) = (project / "dist").glob("*.whl")
+    wheel = build_wheel(write_project(tmp_path, "sigpkg", MODELS, PRECOMPILE))
     torch_venv.pip("--no-deps", str(wheel))
 
     report = json.loads(torch_venv.script(CALLS, env=no_compiler_env(tmp_path)).stdout)

@@ -1,0 +1,55 @@
+"""Wheel assembly without a build: pins, tag, and the loader copies in the examples."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO
+from hatch_precompile.assemble import BUILD_MODULE, RUNTIME_DIR, RUNTIME_FILES, assemble, runtime_requirements, wheel_tag
+
+
+def test_the_wheel_pins_the_build_torch_release_without_its_local_label() -> None:
+    assert runtime_requirements() == [f"torch=={torch.__version__.split('+')[0]}", "safetensors>=0.4"]
+
+
+def test_the_tag_is_this_interpreter_with_torchs_platform() -> None:
+    python = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    interpreter, abi, platform = wheel_tag().split("-")
+    assert (interpreter, abi) == (python, python)
+    assert platform.endswith("x86_64") or platform.endswith("aarch64")
+
+
+@pytest.mark.parametrize("package", ["example_project/src/example_pkg", "example_transformers/src/example_bert"])
+def test_the_examples_vendor_this_versions_loader(package: str) -> None:
+    for name in RUNTIME_FILES:
+        vendored = REPO / package / "_precompiled" / name
+        assert vendored.read_bytes() == (RUNTIME_DIR / name).read_bytes(), f"run: python -m hatch_precompile init {package}"
+
+
+def test_assembly_records_sizes_hashes_and_the_manifest_digest(tmp_path: Path) -> None:
+    (tmp_path / "m" / "kernels").mkdir(parents=True)
+    files = {"m/cpu-avx2.bin": b"artifact", "m/weights.safetensors": b"weights", "m/kernels/k1.so": b"kernel"}
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    entry = {
+        "weights": {"file": "weights.safetensors", "order": []},
+        "artifacts": [{"file": "cpu-avx2.bin", "kernels": ["k1"]}],
+    }
+    shipped = assemble(tmp_path, "pkg", {"m": "eager"}, {"m": entry})
+    manifest_bytes = (tmp_path / "manifest.json").read_bytes()
+    manifest = json.loads(manifest_bytes)["models"]["m"]
+    assert manifest["fallback"] == "eager"
+    assert manifest["artifacts"][0]["sha256"] == hashlib.sha256(b"artifact").hexdigest()
+    assert manifest["kernels"]["k1"] == {"file": "m/kernels/k1.so", "size": 6, "sha256": hashlib.sha256(b"kernel").hexdigest()}
+    assert manifest["weights"]["size"] == len(b"weights")
+    digest = hashlib.sha256(manifest_bytes).hexdigest()
+    assert f'MANIFEST_SHA256 = "{digest}"' in (tmp_path / BUILD_MODULE).read_text()
+    assert sorted(shipped.values()) == sorted(
+        f"pkg/_precompiled/{n}" for n in [*files, "manifest.json", BUILD_MODULE, *RUNTIME_FILES]
+    )
