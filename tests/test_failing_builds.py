@@ -93,7 +93,7 @@ def test_all_configuration_errors_are_reported_at_once(tmp_path: Path) -> None:
         "found a string 'float33' (did you mean 'float32'?)",
         f"{prefix}.models.m.dims.batch.max: expected an integer >= 2, found a string '64'",
         f"{prefix}.models.m.inputs[0].shape: uses dim 'seq', which is not declared in {prefix}.models.m.dims",
-        f"{prefix}.models.m.weights: expected one of 'embed', found an integer 3",
+        f"{prefix}.models.m.weights: expected one of 'embed', 'factory', found an integer 3",
     ):
         assert expected in output, expected
     assert_left_nothing(scratch)
