@@ -22,7 +22,7 @@ install_example() {
   setup
   rm -rf .demo && mkdir -p .demo
   echo "== building hatch-precompile's wheel"
-  .venv/bin/python -m build -q --wheel --no-isolation --outdir .demo/wheelhouse . >/dev/null
+  .venv/bin/python -m build -q --wheel --no-isolation --outdir .demo/wheelhouse . >/dev/null 2>&1
   echo "== building the example wheel (python -m build, isolated; the hook compiles the encoder)"
   PIP_FIND_LINKS="$PWD/.demo/wheelhouse ${PIP_FIND_LINKS:-}" \
     .venv/bin/python -m build --wheel --outdir .demo/dist example_project 2>&1 | grep -E "precompile:|Successfully"

@@ -27,7 +27,7 @@ else:
 with torch.no_grad():
     out = model(ids)
 seconds = time.perf_counter() - start
-print(json.dumps({"seconds": seconds, "shape": list(out["embedding"].shape), "model": repr(model).splitlines()[0][:60]}))
+print(json.dumps({"seconds": seconds, "shape": list(out["embedding"].shape), "model": repr(model) if sys.argv[1] == "compiled" else type(model).__name__}))
 """
 
 
