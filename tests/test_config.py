@@ -74,6 +74,13 @@ def test_non_tensor_arguments_are_declared_as_constant_values() -> None:
     ]
 
 
+def test_cpu_targets_default_to_avx2_and_can_be_set_per_model() -> None:
+    config = parse_config({"cpu-targets": ["avx2", "avx512"], "models": {"a": model(), "b": model(**{"cpu-targets": ["avx512"]})}})
+    assert config.cpu_targets == ("avx2", "avx512")
+    assert config.models["a"].cpu_targets == ("avx2", "avx512") and config.models["b"].cpu_targets == ("avx512",)
+    assert parse_config({"models": {"m": model()}}).models["m"].cpu_targets == ("avx2",)
+
+
 def test_dims_can_be_dynamic_bucketed_or_both() -> None:
     config = parse_config(
         {
@@ -137,6 +144,10 @@ def test_example_inputs_callable_with_dim_axes() -> None:
         ({"models": {"m": model(dims={"batch": {"min": 2, "buckets": [4]}})}}, f"{T}.models.m.dims.batch.min: only buckets are given"),
         ({"models": {"m": model(dims={"batch": list(range(1, 34))})}}, f"{T}.models.m.dims: these dims make 33 shape variants"),
         ({"models": {"m": model(dtype="int8")}}, f"{T}.models.m.dtype: expected one of 'float32', 'bfloat16', 'float16', found a string 'int8'"),
+        ({"models": {"m": model()}, "cpu-targets": []}, f"{T}.cpu-targets: expected at least one of 'avx2', 'avx512', found []"),
+        ({"models": {"m": model()}, "cpu-targets": ["avx2", "avx2"]}, f"{T}.cpu-targets: lists a target twice: ['avx2', 'avx2']"),
+        ({"models": {"m": model(**{"cpu-targets": ["avx512f"]})}}, f"{T}.models.m.cpu-targets[0]: expected one of 'avx2', 'avx512', found a string 'avx512f' (did you mean 'avx512'?)"),
+        ({"models": {"m": model()}, "cpu-targets": "avx2"}, f"{T}.cpu-targets: expected an array, found a string 'avx2'"),
         ({"models": {"m": model(options=[])}}, f"{T}.models.m.options: expected a table, found an array []"),
         ({"models": {"m": {**model(), "example-inputs": "pkg:f"}}}, f"{T}.models.m.inputs: cannot be combined with `example-inputs`"),
         ({"models": {"m": {**model(inputs=None, dims={"b": {"max": 4}}), "example-inputs": "pkg:f"}}}, f"{T}.models.m.dims.b.axes: missing"),

@@ -139,6 +139,34 @@ def test_a_model_that_fails_to_compile_names_itself_and_torchs_error(tmp_path: P
     assert_left_nothing(scratch)
 
 
+@pytest.mark.parametrize(
+    ("table", "expected"),
+    [
+        ("package = 'other'\n", "tool.hatch.build.hooks.precompile.package: no package 'other' at src/other/ or other/"),
+        (
+            "",  # a second top-level package makes the default ambiguous
+            "tool.hatch.build.hooks.precompile.package: missing; set it to the import package that receives the models (found: mypkg, second)",
+        ),
+    ],
+)
+def test_the_receiving_package_must_be_found(tmp_path: Path, table: str, expected: str) -> None:
+    project = make_project(tmp_path, table + MODEL.format(factory="mypkg.models:doubler"))
+    if not table:
+        (project / "src" / "second").mkdir()
+        (project / "src" / "second" / "__init__.py").write_text("")
+    status, output, scratch = build(project)
+    assert status != 0 and expected in output
+    assert_left_nothing(scratch)
+
+
+def test_declared_inputs_that_do_not_fit_forward_are_named(tmp_path: Path) -> None:
+    toml = MODEL.format(factory="mypkg.models:doubler").replace('inputs = [{ shape = ["batch", 8] }]', 'inputs = [{ shape = ["batch", 8] }, { shape = [2] }]')
+    status, output, scratch = build(make_project(tmp_path, toml))
+    assert status != 0
+    assert "model 'm' failed while matching inputs to forward(): the declared inputs do not fit forward(): too many positional arguments" in output
+    assert_left_nothing(scratch)
+
+
 def test_src_and_flat_layout_projects_both_build(tmp_path: Path) -> None:
     project = make_project(tmp_path, MODEL.format(factory="mypkg.models:doubler"))
     status, output, scratch = build(project)

@@ -90,6 +90,13 @@ def test_an_edited_manifest_is_refused(deploy_venv: Venv, package: Path) -> None
     assert_refused(run_copy(deploy_venv, package), "PrecompiledIntegrityError", "does not match the digest the build recorded")
 
 
+def test_a_manifest_of_another_format_is_refused(deploy_venv: Venv, package: Path) -> None:
+    manifest = manifest_of(package)
+    manifest["format"] = 2
+    reseal(package / "manifest.json", manifest)
+    assert_refused(run_copy(deploy_venv, package), "PrecompiledModelError", "has format 2; this loader reads format 1")
+
+
 def test_a_manifest_without_its_digest_module_is_refused(deploy_venv: Venv, package: Path) -> None:
     (package / "_build.py").unlink()
     assert_refused(run_copy(deploy_venv, package), "PrecompiledIntegrityError", "_build.py is not: the install is damaged")
@@ -200,6 +207,15 @@ def test_a_cache_directory_others_can_write_is_refused(deploy_venv: Venv, packag
     shared.chmod(0o777)
     result = run_copy(deploy_venv, package, HATCH_PRECOMPILE_CACHE_DIR=str(shared))
     assert_refused(result, f"refusing cache directory {shared}", "found owner uid", "mode 0o777")
+
+
+def test_without_a_writable_home_loading_uses_a_private_temporary_cache(deploy_venv: Venv, package: Path) -> None:
+    env = {**no_compiler_env(package.parent.parent.parent, PYTHONPATH=str(package.parent.parent)), "HOME": "/proc/no-home"}
+    del env["HATCH_PRECOMPILE_CACHE_DIR"]
+    code = LOAD + "from example_pkg import _precompiled\nprint(oct(_precompiled._private_cache_dir().stat().st_mode & 0o777))"
+    result = deploy_venv.script(code, env=env, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().endswith("0o700")
 
 
 def test_processes_loading_at_once_with_a_shared_empty_cache_all_succeed(deploy_venv: Venv, package: Path, tmp_path: Path) -> None:

@@ -177,9 +177,14 @@ def test_weights_bound_four_ways_give_identical_results(forms: Venv, tmp_path: P
             load_compiled("embedded", state_dict=wrong)
         except ValueError as error:
             report["mismatch"] = str(error)
+        try:
+            load_compiled("embedded", state_dict=eager.state_dict(), module=eager)
+        except ValueError as error:
+            report["both"] = str(error)
     """)
     assert report["equal"] == {"shipped": True, "factory": True, "state_dict": True, "module": True}
     assert report["cached"] is True
+    assert report["both"] == "model 'embedded': pass state_dict= or module=, not both"
     assert report["mismatch"] == (
         "model 'embedded': the state_dict given does not fit the compiled model: "
         "embed.weight is float32[21, 8] on cpu, expected float32[20, 8] on cpu; norm.running_var is missing"

@@ -34,11 +34,14 @@ Environment variables:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import hashlib
 import importlib
 import json
 import os
+import shutil
 import sys
 import sysconfig
 import tempfile
@@ -393,11 +396,12 @@ def _private_inductor_cache() -> Iterator[None]:
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
 
 
+@functools.cache
 def _private_cache_dir() -> Path:
     """$HATCH_PRECOMPILE_CACHE_DIR, else ~/.cache/hatch-precompile (XDG_CACHE_HOME
-    honoured), created 0700; if that cannot be created, a fresh private temporary
-    directory. A directory that others can write to, or that another user owns,
-    is refused."""
+    honoured), created 0700; if that cannot be created (a read-only home), a
+    private temporary directory for this process, removed at exit. A directory
+    that others can write to, or that another user owns, is refused."""
     configured = os.environ.get(CACHE_DIR_VARIABLE)
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     directory = Path(configured) if configured else base / "hatch-precompile"
@@ -406,7 +410,9 @@ def _private_cache_dir() -> Path:
     except OSError:
         if configured:
             raise
-        return Path(tempfile.mkdtemp(prefix="hatch-precompile-"))
+        temporary = tempfile.mkdtemp(prefix="hatch-precompile-")
+        atexit.register(shutil.rmtree, temporary, ignore_errors=True)
+        return Path(temporary)
     info = directory.stat()
     if info.st_uid != os.getuid() or info.st_mode & 0o077:
         raise PrecompiledModelError(
