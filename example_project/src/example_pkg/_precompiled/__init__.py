@@ -27,9 +27,11 @@ built without the hook, another torch, Python or CPU), the model's `fallback`
 decides: "eager" builds the module with its factory and warns once; "error"
 raises `PrecompiledModelError`. Either way the message says why and how to get one.
 
-Environment variables:
+Environment variables (read when a model is loaded):
   HATCH_PRECOMPILE_CPU_TARGET  use only this CPU target ("avx2", "avx512")
-  HATCH_PRECOMPILE_CACHE_DIR   the private cache (default ~/.cache/hatch-precompile)
+  HATCH_PRECOMPILE_FALLBACK    "eager" or "error" for every model of this process
+  HATCH_PRECOMPILE_CACHE_DIR   the private cache (default ~/.cache/hatch-precompile;
+                               read once per process)
 """
 
 from __future__ import annotations
