@@ -24,6 +24,7 @@ RUNTIME_DIR = Path(__file__).parent / "runtime"
 RUNTIME_FILES = ("__init__.py", "_torch_private.py")
 PRECOMPILED_DIR = "_precompiled"
 BUILD_MODULE = "_build.py"  # generated per build: the manifest's digest
+KERNELS_DIR = "kernels"  # per model: the compiled kernels, <key>.so
 SAFETENSORS_REQUIREMENT = "safetensors>=0.4"
 
 
@@ -79,7 +80,7 @@ def assemble(staging: Path, package: str, fallback: dict[str, str], entries: dic
         ]
         kernel_keys = sorted({key for a in entry["artifacts"] for key in a["kernels"]})
         entry["kernels"] = {
-            key: {"file": f"{model}/kernels/{key}.so", **file_record(model_dir / "kernels" / f"{key}.so")}
+            key: {"file": f"{model}/{KERNELS_DIR}/{key}.so", **file_record(model_dir / KERNELS_DIR / f"{key}.so")}
             for key in kernel_keys
         }
         models[model] = entry

@@ -7,6 +7,7 @@ declared dims, so the loader can check calls without torch's help.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import traceback
@@ -16,7 +17,7 @@ from typing import Any
 import torch
 
 from .errors import ModelBuildError
-from .runtime._torch_private import treespec_to_json
+from .runtime._torch_private import tree_leaves, treespec_to_json
 
 
 @dataclass
@@ -27,6 +28,13 @@ class Captured:
     kwargs: dict[str, Any]
     input_tree: dict[str, Any]
     input_leaves: list[dict[str, Any]]  # name, dtype, device, shape (ints and dim names)
+
+    @functools.cached_property
+    def eager_outputs(self) -> list[Any]:
+        """The module's flat outputs on the example inputs, computed once and checked
+        against every CPU target's artifact."""
+        with torch.no_grad():
+            return tree_leaves(self.module(*self.args, **self.kwargs))
 
 
 def import_object(model: str, key: str, spec: str) -> Any:

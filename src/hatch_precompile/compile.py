@@ -18,12 +18,12 @@ from typing import Any
 
 import torch
 
+from .assemble import KERNELS_DIR
 from .capture import Captured, _torch_error
 from .errors import ModelBuildError
 from .runtime import _torch_private
 from .targets import CPU_TARGETS, CpuTarget, features_from_flags, is_x86_64
 
-KERNELS_DIR = "kernels"
 WEIGHTS_FILE = "weights.safetensors"
 
 # Compiled and eager results differ by reassociation and fused math only; half
@@ -143,8 +143,7 @@ def compile_for_target(
         flat_inputs = _torch_private.tree_leaves((captured.args, captured.kwargs))
         with torch.no_grad():
             compiled_out = artifact(*weights, *flat_inputs)
-            eager_out = _torch_private.tree_leaves(captured.module(*captured.args, **captured.kwargs))
-        _check_matches_eager(name, compiled_out, eager_out)
+        _check_matches_eager(name, compiled_out, captured.eager_outputs)
         kernel_files = {key: path() for key, path in built.items()}
 
     kernels_dir = out_dir / KERNELS_DIR
