@@ -1,19 +1,26 @@
-"""Each assumption `runtime/_torch_private.py` makes about torch, checked against the
+"""Each assumption that `runtime/_torch_private.py` (the loader's) and
+`torch_internals.py` (the build's) make about torch, checked against the
 installed torch. When one of these fails after a torch upgrade, fix that module."""
 
 from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 import zlib
 from collections import namedtuple
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from torch import nn
 
+from hatch_precompile import lean, torch_internals
 from hatch_precompile.runtime import _torch_private
+from hatch_precompile.runtime._lean import make_runner
 from hatch_precompile.runtime._torch_private import ArtifactFormatError
 
 
@@ -27,8 +34,18 @@ class Small(nn.Module):
         return {"out": self.second(hidden), "pair": (hidden, x.sum(-1))}
 
 
+@dataclass
+class Compiled:
+    module: nn.Module
+    exported: torch.export.ExportedProgram
+    artifact: Any  # the AOTCompiledArtifact, as the build holds it
+    path: Path  # the artifact saved
+    cache: Path  # the inductor cache it was compiled in
+    kernels: dict[str, Path]  # key -> compiled .so, as the build records them
+
+
 @pytest.fixture(scope="module")
-def compiled(tmp_path_factory: pytest.TempPathFactory) -> tuple[nn.Module, torch.export.ExportedProgram, Path, Path]:
+def compiled(tmp_path_factory: pytest.TempPathFactory) -> Compiled:
     """A small model exported with a dynamic batch, compiled into a private cache, saved."""
     folder = tmp_path_factory.mktemp("compiled")
     cache = folder / "inductor-cache"
@@ -37,34 +54,38 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> tuple[nn.Module, torch
     try:
         module = Small().eval()
         batch = torch.export.Dim("batch", min=1, max=32)
-        exported = torch.export.export(module, (torch.randn(3, 8),), dynamic_shapes=({0: batch},)).run_decompositions()
-        artifact = _torch_private.compile_exported(exported, {})
+        exported = torch.export.export(module, (torch.randn(3, 8),), dynamic_shapes=({0: batch},))
+        exported = torch_internals.decompose(exported)
+        with torch_internals.captured_kernels() as built:
+            artifact = torch_internals.compile_exported(exported, {})
+            kernels = {key: Path(path()) for key, path in built.items()}
         path = folder / "small.bin"
-        _torch_private.save_artifact(artifact, str(path))
+        torch_internals.save_artifact(artifact, str(path))
     finally:
         if previous is None:
             del os.environ["TORCHINDUCTOR_CACHE_DIR"]
         else:
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
-    return module, exported, path, cache
+    return Compiled(module, exported, artifact, path, cache, kernels)
+
+
+def _weights(exported: torch.export.ExportedProgram) -> list[torch.Tensor]:
+    return [exported.state_dict[s.target] for s in exported.graph_signature.input_specs if s.kind.name == "PARAMETER"]
 
 
 def test_artifact_file_is_framed_header_torch_key_bundle(compiled) -> None:
-    _, _, path, _ = compiled
-    key, payload = _torch_private.split_artifact(path.read_bytes())
-    assert key == _torch_private.torch_key() and len(key) == 32
+    key, payload = _torch_private.split_artifact(compiled.path.read_bytes())
+    assert key == torch_internals.torch_key() and len(key) == 32
     assert payload[:1] == b"\x80"  # a pickle
 
 
 def test_deserialized_bundle_takes_weights_then_inputs_and_returns_a_flat_list(compiled) -> None:
-    module, exported, path, _ = compiled
-    _, payload = _torch_private.split_artifact(path.read_bytes())
+    _, payload = _torch_private.split_artifact(compiled.path.read_bytes())
     run = _torch_private.deserialize_artifact(payload)
-    weights = [exported.state_dict[s.target] for s in exported.graph_signature.input_specs if s.kind.name == "PARAMETER"]
     x = torch.randn(5, 8)
     with torch.no_grad():
-        out = run(*weights, x)
-        expected = _torch_private.tree_leaves(module(x))
+        out = run(*_weights(compiled.exported), x)
+        expected = torch_internals.tree_leaves(compiled.module(x))
     assert isinstance(out, list) and len(out) == 3
     for got, want in zip(out, expected):
         torch.testing.assert_close(got, want)
@@ -72,8 +93,7 @@ def test_deserialized_bundle_takes_weights_then_inputs_and_returns_a_flat_list(c
 
 def test_exactly_the_export_dims_are_symbolic_in_the_generated_code(compiled) -> None:
     """Weights and the input's feature size stay static; only the batch is a symbol."""
-    _, _, _, cache = compiled
-    wrappers = [p.read_text() for p in cache.rglob("*.py") if "def call(" in p.read_text()]
+    wrappers = [p.read_text() for p in compiled.cache.rglob("*.py") if "def call(" in p.read_text()]
     assert len(wrappers) == 1
     sizes = re.findall(r"assert_size_stride\(arg\d+_1, \(([^)]*)\)", wrappers[0])
     entries = [s.strip() for group in sizes for s in group.split(",") if s.strip()]
@@ -83,8 +103,7 @@ def test_exactly_the_export_dims_are_symbolic_in_the_generated_code(compiled) ->
 
 
 def test_tree_specs_become_plain_data(compiled) -> None:
-    _, exported, _, _ = compiled
-    assert _torch_private.treespec_to_json(exported.call_spec.out_spec) == {
+    assert torch_internals.treespec_to_json(compiled.exported.call_spec.out_spec) == {
         "type": "dict",
         "keys": ["out", "pair"],
         "children": [{"type": "leaf"}, {"type": "tuple", "children": [{"type": "leaf"}, {"type": "leaf"}]}],
@@ -110,12 +129,12 @@ def test_named_tuples_and_keyed_classes_are_recorded_by_import_path() -> None:
     leaves = (torch.ones(1), torch.ones(1))
     point = torch.utils._pytree.tree_flatten(Point(*leaves))[1]
     keyed = torch.utils._pytree.tree_flatten(Keyed(a=leaves[0], b=leaves[1]))[1]
-    assert _torch_private.treespec_to_json(point) == {
+    assert torch_internals.treespec_to_json(point) == {
         "type": "namedtuple",
         "class": "test_torch_assumptions:Point",
         "children": [{"type": "leaf"}, {"type": "leaf"}],
     }
-    assert _torch_private.treespec_to_json(keyed) == {
+    assert torch_internals.treespec_to_json(keyed) == {
         "type": "keyed",
         "class": "test_torch_assumptions:Keyed",
         "keys": ["a", "b"],
@@ -126,7 +145,7 @@ def test_named_tuples_and_keyed_classes_are_recorded_by_import_path() -> None:
 def test_containers_without_keys_are_refused_by_name() -> None:
     spec = torch.utils._pytree.tree_flatten(torch.return_types.max((torch.ones(1), torch.ones(1))))[1]
     with pytest.raises(TypeError, match="max in inputs or outputs is not supported yet"):
-        _torch_private.treespec_to_json(spec)
+        torch_internals.treespec_to_json(spec)
 
 
 @pytest.mark.parametrize(
@@ -140,6 +159,125 @@ def test_containers_without_keys_are_refused_by_name() -> None:
     ],
 )
 def test_damaged_files_raise_a_format_error_not_an_assertion(compiled, damage, message: str) -> None:
-    _, _, path, _ = compiled
     with pytest.raises(ArtifactFormatError, match=message):
-        _torch_private.split_artifact(damage(path.read_bytes()))
+        _torch_private.split_artifact(damage(compiled.path.read_bytes()))
+
+
+# --- The lean form --------------------------------------------------------------------
+
+
+def test_the_compiled_graph_carries_its_output_module_with_five_compiler_imports(compiled) -> None:
+    source, inputs_to_check, refused = torch_internals.output_module(compiled.artifact)
+    assert refused == "" and inputs_to_check == []
+    imports = sorted(set(re.findall(r"^from (torch\._inductor[\w.]*) import", source, flags=re.M)))
+    assert imports == [
+        "torch._inductor.async_compile",
+        "torch._inductor.codegen.memory_planning",
+        "torch._inductor.hooks",
+        "torch._inductor.select_algorithm",
+        "torch._inductor.utils",
+    ]
+    assert "def call(self, args)" in source and "call = runner.call" in source
+
+
+def test_each_cpp_pybinding_in_the_module_is_a_kernel_the_compile_built(compiled) -> None:
+    """The build keys kernels from load_pybinding_async's arguments; the module's
+    cpp_pybinding(argtypes, source) must pass the others at their defaults."""
+    source, _, _ = torch_internals.output_module(compiled.artifact)
+    module = lean.rewrite(source, set(compiled.kernels), "small")
+    assert module.kernels and set(module.kernels) <= set(compiled.kernels)
+    assert module.extern_kernels == ["addmm"]
+    assert "torch._inductor" not in module.text and "cpp_pybinding" not in module.text
+    assert "def benchmark_compiled_module" not in module.text and "__main__" not in module.text
+
+
+def test_the_lean_module_runs_in_a_fresh_process_without_the_compiler_and_equals_the_artifact(compiled, tmp_path: Path) -> None:
+    """Kernels load through importlib with PyInit_kernel and the tensor-pointer
+    environment variable; extern_kernels.addmm is torch.addmm; nothing imports
+    torch._inductor or torch._dynamo."""
+    source, _, _ = torch_internals.output_module(compiled.artifact)
+    module = lean.rewrite(source, set(compiled.kernels), "small")
+    (tmp_path / "small.py").write_text(module.text)
+    x = torch.randn(6, 8)
+    with torch.no_grad():
+        expected = compiled.artifact(*_weights(compiled.exported), x)
+    torch.save({"flat": [*_weights(compiled.exported), x], "expected": expected}, tmp_path / "data.pt")
+    kernels = {key: str(compiled.kernels[key]) for key in module.kernels}
+    script = f"""
+import json, sys, torch
+from hatch_precompile.runtime._lean import make_runner
+from pathlib import Path
+data = torch.load({str(tmp_path / 'data.pt')!r}, weights_only=True)
+kernels = {{k: Path(v) for k, v in {kernels!r}.items()}}
+run = make_runner(Path({str(tmp_path / 'small.py')!r}).read_text(), "small.py", kernels, {module.extern_kernels!r}, [])
+with torch.no_grad():
+    out = run(list(data["flat"]))
+print(json.dumps({{"equal": all(torch.equal(a, b) for a, b in zip(out, data["expected"])), "count": len(out),
+    "compiler": [m for m in sys.modules if m.startswith(("torch._inductor", "torch._dynamo"))]}}))
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert result.stdout.strip().endswith('{"equal": true, "count": 3, "compiler": []}'), result.stdout
+
+
+def test_the_kernel_loading_names_the_loader_relies_on() -> None:
+    from torch._inductor.codecache import CppPythonBindingsCodeCache
+
+    assert CppPythonBindingsCodeCache.entry_function == _torch_private.KERNEL_ENTRY
+    assert _torch_private.KERNEL_INIT_VARIABLE in CppPythonBindingsCodeCache.suffix_template
+    assert hasattr(torch._C._dynamo.guards, "_torchinductor_pyobject_tensor_data_ptr")
+    assert torch_internals.extern_kernel_is_torch_function("addmm")
+    assert torch_internals.extern_kernel_is_torch_function("bmm")
+
+
+class Mutates(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("calls", torch.zeros(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls.add_(1)
+        return x * 2
+
+
+class ReturnsItsInput(nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x * 2, x.t()
+
+
+class ReturnsTwoViews(nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = x * 2
+        return y, y.view(-1)
+
+
+class Random(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.rand_like(x)
+
+
+@pytest.mark.parametrize(
+    ("module", "reason"),
+    [
+        (Mutates(), "it mutates inputs or buffers (calls)"),
+        (ReturnsItsInput(), "output 1 is an input or a view of one"),
+        (ReturnsTwoViews(), "output 1 is a view of another output"),
+        (Random(), "it draws random numbers"),
+    ],
+)
+def test_graphs_whose_runtime_wrapper_does_work_are_named(module: nn.Module, reason: str) -> None:
+    with torch.no_grad():
+        exported = torch_internals.decompose(torch.export.export(module, (torch.randn(3, 4),)))
+    assert torch_internals.wrapper_work(exported).startswith(reason)
+
+
+def test_a_plain_graph_needs_no_runtime_wrapper(compiled) -> None:
+    assert torch_internals.wrapper_work(compiled.exported) == ""
+
+
+def test_a_module_importing_more_of_the_compiler_is_refused() -> None:
+    source = "from torch._inductor.runtime.triton_heuristics import grid\ndef call(args):\n    return ()\ncall = call\n"
+    with pytest.raises(lean.LeanRefused, match="it imports torch._inductor.runtime.triton_heuristics"):
+        lean.rewrite(source, set(), "made-up")
+    hooks = "from torch._inductor.hooks import run_intermediate_hooks\ndef f(args):\n    run_intermediate_hooks('a', 1)\ncall = f\n"
+    with pytest.raises(lean.LeanRefused, match="it uses run_intermediate_hooks"):
+        lean.rewrite(hooks, set(), "made-up")

@@ -21,7 +21,7 @@ from .runtime import MANIFEST_FORMAT
 
 RUNTIME_DIR = Path(__file__).parent / "runtime"
 # The files of `runtime/` that go into every wheel, as `<package>/_precompiled/<name>`.
-RUNTIME_FILES = ("__init__.py", "_torch_private.py")
+RUNTIME_FILES = tuple(sorted(path.name for path in RUNTIME_DIR.glob("*.py")))
 PRECOMPILED_DIR = "_precompiled"
 BUILD_MODULE = "_build.py"  # generated per build: the manifest's digest
 KERNELS_DIR = "kernels"  # per model: the compiled kernels, <key>.so
@@ -75,9 +75,7 @@ def assemble(staging: Path, package: str, fallback: dict[str, str], entries: dic
         if "file" in entry["weights"]:
             entry["weights"] = {**entry["weights"], "file": f"{model}/{entry['weights']['file']}"}
             entry["weights"].update(file_record(staging / entry["weights"]["file"]))
-        entry["artifacts"] = [
-            {**a, "file": f"{model}/{a['file']}", **file_record(model_dir / a["file"])} for a in entry["artifacts"]
-        ]
+        entry["artifacts"] = [_artifact_record(model, model_dir, a) for a in entry["artifacts"]]
         kernel_keys = sorted({key for a in entry["artifacts"] for key in a["kernels"]})
         entry["kernels"] = {
             key: {"file": f"{model}/{KERNELS_DIR}/{key}.so", **file_record(model_dir / KERNELS_DIR / f"{key}.so")}
@@ -99,5 +97,14 @@ def assemble(staging: Path, package: str, fallback: dict[str, str], entries: dic
         if "file" in entry["weights"]:
             shipped.append(staging / entry["weights"]["file"])
         shipped.extend(staging / a["file"] for a in entry["artifacts"])
+        shipped.extend(staging / a["lean"]["file"] for a in entry["artifacts"] if "file" in a["lean"])
         shipped.extend(staging / k["file"] for k in entry["kernels"].values())
     return {str(path): f"{package}/{PRECOMPILED_DIR}/{path.relative_to(staging).as_posix()}" for path in shipped}
+
+
+def _artifact_record(model: str, model_dir: Path, artifact: dict[str, Any]) -> dict[str, Any]:
+    """An artifact's manifest entry with its files' paths in the wheel, sizes and sha256."""
+    lean = artifact["lean"]
+    if "file" in lean:
+        lean = {**lean, "file": f"{model}/{lean['file']}", **file_record(model_dir / lean["file"])}
+    return {**artifact, "file": f"{model}/{artifact['file']}", **file_record(model_dir / artifact["file"]), "lean": lean}

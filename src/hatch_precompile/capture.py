@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from .errors import ModelBuildError
-from .runtime._torch_private import tree_leaves, treespec_to_json
+from .torch_internals import decompose, tree_leaves, tree_map, treespec_to_json
 
 
 @dataclass
@@ -118,7 +118,7 @@ def capture(model: dict[str, Any], module: torch.nn.Module, fixed: dict[str, int
     try:
         with torch.no_grad():
             exported = torch.export.export(module, args, kwargs, dynamic_shapes=dict(bound.arguments) or None)
-            exported = exported.run_decompositions()
+            exported = decompose(exported)
     except Exception as error:
         raise ModelBuildError(name, "capturing with torch.export", _torch_error(error)) from None
 
@@ -147,7 +147,15 @@ def _describe_inputs(
                 leaves.append({"name": name, "value": value})  # compiled in: calls must pass the same
                 return
             shape = [dims.get(axis, size) for axis, size in enumerate(value.shape)]
-            leaves.append({"name": name, "dtype": str(value.dtype).removeprefix("torch."), "device": value.device.type, "shape": shape})
+            leaves.append(
+                {
+                    "name": name,
+                    "dtype": str(value.dtype).removeprefix("torch."),
+                    "device": value.device.type,
+                    "shape": shape,
+                    "layout": _layout(value),
+                }
+            )
             return
         keys = spec.get("keys", range(len(spec["children"])))
         for key, child in zip(keys, spec["children"]):
@@ -222,6 +230,21 @@ def _random_tensor(shape: list[int], dtype: torch.dtype, value_range: list[float
     return torch.randint(int(low), int(high), shape, generator=generator, dtype=dtype)
 
 
+def _layout(value: torch.Tensor) -> str:
+    """The memory layout calls are given in: channels_last where the example is,
+    else contiguous (examples in any other layout are made contiguous first)."""
+    if value.dim() == 4 and not value.is_contiguous() and value.is_contiguous(memory_format=torch.channels_last):
+        return "channels_last"
+    return "contiguous"
+
+
+def _in_call_layout(value: Any) -> Any:
+    """An example tensor in the layout `_layout` names: what the graph is compiled for."""
+    if isinstance(value, torch.Tensor) and _layout(value) == "contiguous" and not value.is_contiguous():
+        return value.contiguous()
+    return value
+
+
 def _example_inputs_from_callable(model: dict[str, Any]) -> tuple[tuple, dict]:
     key = "example-inputs"
     make = import_object(model["name"], key, model["example_inputs"])
@@ -240,7 +263,8 @@ def _example_inputs_from_callable(model: dict[str, Any]) -> tuple[tuple, dict]:
             f"calling {key} {model['example_inputs']!r}",
             f"expected it to return (args, kwargs): a tuple of a tuple and a dict, got {type(result).__name__}",
         )
-    return tuple(result[0]), dict(result[1])
+    args, kwargs = tree_map(_in_call_layout, (tuple(result[0]), dict(result[1])))
+    return args, kwargs
 
 
 def _dims_from_axes(model: dict[str, Any], args: tuple, kwargs: dict) -> tuple[list[dict[int, str]], dict[str, dict[int, str]]]:

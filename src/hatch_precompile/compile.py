@@ -21,10 +21,12 @@ import torch
 from .assemble import KERNELS_DIR
 from .capture import Captured, _torch_error
 from .errors import ModelBuildError
-from .runtime import _torch_private
+from . import torch_internals
+from .lean import LeanCandidate, LeanRefused, rewrite
 from .targets import CPU_TARGETS, CpuTarget, features_from_flags, is_x86_64
 
 WEIGHTS_FILE = "weights.safetensors"
+CHECK_DIR = "lean-check"  # scratch: inputs and expected outputs for the fresh-process check
 
 # Compiled and eager results differ by reassociation and fused math only; half
 # precision formats keep about three significant digits.
@@ -91,9 +93,10 @@ def model_entry(
     return {
         "factory": model["factory"],
         "dtype": model["dtype"],
+        "outputs_form": model["outputs"],
         "inputs": {"tree": captured.input_tree, "leaves": captured.input_leaves},
         "outputs": {
-            "tree": _torch_private.treespec_to_json(exported.call_spec.out_spec),
+            "tree": torch_internals.treespec_to_json(exported.call_spec.out_spec),
             "leaves": _output_leaves(exported, captured),
         },
         "dims": {
@@ -115,16 +118,18 @@ def cpu_targets(model: dict[str, Any]) -> list[CpuTarget]:
 
 def compile_for_target(
     model: dict[str, Any], captured: Captured, fixed: dict[str, int], target: CpuTarget, out_dir: Path
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], LeanCandidate | None]:
     """Compile one shape variant for one CPU target, check it against eager on the
-    example inputs, and write its artifact and kernels."""
+    example inputs, and write its artifact, kernels and lean module. Returns the
+    artifact's manifest entry, and its lean module to check in a fresh process
+    (None where the lean form was refused; the entry says why)."""
     name = model["name"]
     weights = list(lifted_weights(captured).values())
     step = f"compiling for CPU target {target.name!r}"
     config = {**model["options"]}
     isa, isa_flags = "", ""
     if target.simdlen:
-        isa, isa_flags = _torch_private.vector_isa(target.simdlen)
+        isa, isa_flags = torch_internals.vector_isa(target.simdlen)
         if not isa:
             raise ModelBuildError(
                 name,
@@ -135,12 +140,12 @@ def compile_for_target(
             )
         config.update(target.inductor_config())
 
-    with _torch_private.captured_kernels() as built:
+    with torch_internals.captured_kernels() as built:
         try:
-            artifact = _torch_private.compile_exported(captured.exported, config)
+            artifact = torch_internals.compile_exported(captured.exported, config)
         except Exception as error:
             raise ModelBuildError(name, step, _torch_error(error)) from None
-        flat_inputs = _torch_private.tree_leaves((captured.args, captured.kwargs))
+        flat_inputs = torch_internals.tree_leaves((captured.args, captured.kwargs))
         with torch.no_grad():
             compiled_out = artifact(*weights, *flat_inputs)
         _check_matches_eager(name, compiled_out, captured.eager_outputs)
@@ -152,8 +157,8 @@ def compile_for_target(
         shutil.copyfile(path, kernels_dir / f"{key}.so")
     shape_suffix = "".join(f"-{dim}{size}" for dim, size in sorted(fixed.items()))
     artifact_file = out_dir / f"cpu-{target.name}{shape_suffix}.bin"
-    _torch_private.save_artifact(artifact, str(artifact_file))
-    return {
+    torch_internals.save_artifact(artifact, str(artifact_file))
+    entry = {
         "file": artifact_file.name,
         "specialized": fixed,
         "device": "cpu",
@@ -164,6 +169,39 @@ def compile_for_target(
         "kernels": sorted(kernel_files),
         "built_with": build_environment(),
     }
+    candidate = _lean_candidate(model, captured, artifact, entry, [*weights, *flat_inputs], compiled_out, out_dir)
+    return entry, candidate
+
+
+def _lean_candidate(
+    model: dict[str, Any],
+    captured: Captured,
+    artifact: Any,
+    entry: dict[str, Any],
+    flat: list[Any],
+    artifact_outputs: list[Any],
+    out_dir: Path,
+) -> LeanCandidate | None:
+    """Write the artifact's lean module and what to check it against, or record
+    in `entry` why there is none."""
+    source, inputs_to_check, refused = torch_internals.output_module(artifact)
+    refused = refused or torch_internals.wrapper_work(captured.exported)
+    module_path = out_dir / entry["file"].replace(".bin", ".py")
+    if not refused:
+        try:
+            lean = rewrite(source, set(entry["kernels"]), f"{model['name']}/{module_path.name}")
+        except LeanRefused as reason:
+            refused = str(reason)
+    if refused:
+        entry["lean"] = {"refused": refused}
+        return None
+    module_path.write_text(lean.text, encoding="utf-8")
+    entry["lean"] = {"file": module_path.name, "extern_kernels": lean.extern_kernels, "inputs_to_check": inputs_to_check}
+    data_path = out_dir / CHECK_DIR / f"{module_path.stem}.pt"
+    data_path.parent.mkdir(exist_ok=True)
+    torch.save({"flat": flat, "artifact": list(artifact_outputs), "eager": list(captured.eager_outputs)}, data_path)
+    tolerance = [TOLERANCE.get(e.dtype, DEFAULT_TOLERANCE) for e in captured.eager_outputs]
+    return LeanCandidate(entry, module_path, data_path, tolerance)
 
 
 def build_environment() -> dict[str, str]:
@@ -171,7 +209,7 @@ def build_environment() -> dict[str, str]:
     return {
         "torch": torch.__version__,
         "torch_git": torch.version.git_version,
-        "torch_key": _torch_private.torch_key().hex(),
+        "torch_key": torch_internals.torch_key().hex(),
         "python": f"{sys.version_info.major}.{sys.version_info.minor}",
         "platform": sysconfig.get_platform(),
         "machine": platform.machine(),

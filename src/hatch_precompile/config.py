@@ -27,6 +27,7 @@ FALLBACKS = ("eager", "error")
 CPU_TARGET_NAMES = tuple(CPU_TARGETS)
 WEIGHTS = ("embed", "factory")
 MODULE_DTYPES = ("float32", "bfloat16", "float16")
+OUTPUT_FORMS = ("classes", "plain")  # library output classes rebuilt, or dicts and tuples
 
 _MODEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
@@ -84,6 +85,7 @@ class ModelConfig:
     example_inputs: str | None = None
     dims: dict[str, Dim] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
+    outputs: str = "classes"
 
     def to_json(self) -> dict[str, Any]:
         """The plain-data form handed to the compile worker."""
@@ -107,6 +109,7 @@ class ModelConfig:
             "weights": self.weights,
             "options": self.options,
             "cpu_targets": list(self.cpu_targets),
+            "outputs": self.outputs,
         }
 
 
@@ -228,6 +231,7 @@ _MODEL_KEYS = (
     "options",
     "fallback",
     "cpu-targets",
+    "outputs",
 )
 
 
@@ -271,6 +275,7 @@ def _parse_model(
     dtype = check.choice(raw["dtype"], f"{path}.dtype", MODULE_DTYPES) if "dtype" in raw else None
     options = check.table(raw.get("options", {}), f"{path}.options")
     model_fallback = check.choice(raw.get("fallback", fallback), f"{path}.fallback", FALLBACKS)
+    outputs = check.choice(raw.get("outputs", "classes"), f"{path}.outputs", OUTPUT_FORMS)
     if "cpu-targets" in raw:
         cpu_targets = _parse_cpu_targets(check, raw["cpu-targets"], f"{path}.cpu-targets")
 
@@ -288,6 +293,7 @@ def _parse_model(
         example_inputs=example_inputs,
         dims=dims,
         options=options,
+        outputs=outputs or "classes",
     )
 
 

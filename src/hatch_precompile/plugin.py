@@ -99,7 +99,8 @@ class PrecompileBuildHook(BuildHookInterface):
                 for line in worker.stdout:
                     if line.startswith(PROGRESS_PREFIX):
                         step = json.loads(line[len(PROGRESS_PREFIX) :])
-                        self.app.display_info(f"precompile: {model.name}: {step['step']} ({step['seconds']:.1f} s)")
+                        timing = "" if step["seconds"] is None else f" ({step['seconds']:.1f} s)"
+                        self.app.display_info(f"precompile: {model.name}: {step['step']}{timing}")
                     else:
                         log.write(line)
                 worker.wait()

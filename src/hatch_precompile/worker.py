@@ -4,7 +4,7 @@ The hook runs one worker per model so that torch, the project's code and
 inductor's state never enter the build backend's process. Protocol:
 - REQUEST.json: {"model": ModelConfig.to_json(), "out_dir": str, "import_paths": [str]}
 - stdout: one line per finished step, `PROGRESS_PREFIX` followed by JSON
-  {"step": str, "seconds": float}; anything else on stdout/stderr is torch's chatter.
+  {"step": str, "seconds": float | None}; anything else on stdout/stderr is torch's chatter.
 - out_dir/result.json: {"entry": manifest entry} or {"error": {"step", "message"}};
   the exit status is 0 only with an entry.
 """
@@ -12,6 +12,7 @@ inductor's state never enter the build backend's process. Protocol:
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 import traceback
@@ -27,8 +28,11 @@ RESULT_FILE = "result.json"
 def _step(description: str) -> Iterator[None]:
     start = time.perf_counter()
     yield
-    report = {"step": description, "seconds": round(time.perf_counter() - start, 2)}
-    print(PROGRESS_PREFIX + json.dumps(report), flush=True)
+    _report(description, time.perf_counter() - start)
+
+
+def _report(description: str, seconds: float | None = None) -> None:
+    print(PROGRESS_PREFIX + json.dumps({"step": description, "seconds": None if seconds is None else round(seconds, 2)}), flush=True)
 
 
 def run(request: dict[str, Any]) -> dict[str, Any]:
@@ -38,12 +42,15 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     with _step("imported torch"):
         import torch  # noqa: F401  (timed on its own: seconds on a cold disk)
 
+        from .assemble import KERNELS_DIR
         from .capture import build_module, capture, shape_variants
-        from .compile import compile_for_target, cpu_targets, lifted_weights, model_entry, save_weights
+        from .compile import CHECK_DIR, compile_for_target, cpu_targets, lifted_weights, model_entry, save_weights
         from .errors import ModelBuildError
+        from .lean import check_in_fresh_process
     with _step("built the module"):
         module = build_module(model)
     artifacts: list[dict[str, Any]] = []
+    candidates: list[Any] = []  # lean modules to check in a fresh process
     first = weights = None
     for fixed in shape_variants(model):
         shape = ", ".join(f"{dim}={size}" for dim, size in fixed.items()) or "dynamic dims"
@@ -55,8 +62,23 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
             raise ModelBuildError(model["name"], f"capturing ({shape})", "the weights the graph takes differ between shape variants")
         for target in cpu_targets(model):
             with _step(f"compiled for {target.name} ({shape}) and checked against eager"):
-                artifacts.append(compile_for_target(model, captured, fixed, target, out_dir))
+                artifact, candidate = compile_for_target(model, captured, fixed, target, out_dir)
+            artifacts.append(artifact)
+            if candidate is not None:
+                candidates.append(candidate)
     assert first is not None and weights is not None
+    if candidates:
+        with _step(f"ran the lean form of {len(candidates)} artifact(s) in a fresh process and compared"):
+            reasons = check_in_fresh_process(candidates, out_dir / KERNELS_DIR, out_dir / CHECK_DIR)
+        for candidate in candidates:
+            reason = reasons.get(str(candidate.module_path), "the check did not report on it")
+            if reason:
+                candidate.module_path.unlink()
+                candidate.artifact["lean"] = {"refused": reason}
+    shutil.rmtree(out_dir / CHECK_DIR, ignore_errors=True)
+    for artifact in artifacts:
+        form = "lean form" if "file" in artifact["lean"] else f"artifact form only, lean form refused: {artifact['lean']['refused']}"
+        _report(f"{artifact['file']}: {form}")
     return model_entry(model, first, weights, artifacts)
 
 

@@ -1,9 +1,10 @@
-"""Every use of torch's private internals, in one place.
+"""The loader's uses of torch's private internals, in one place.
 
-hatch-precompile copies this file into wheels next to the loader, and the build
-side imports it too, so a torch upgrade touches only this module.
+hatch-precompile copies this file into wheels with the loader; the build side's
+own uses are in `hatch_precompile/torch_internals.py`, which does not ship. A
+torch upgrade touches only these two modules, and
 `tests/test_torch_assumptions.py` checks each assumption below against the
-installed torch and fails loudly when one stops holding.
+installed torch, failing loudly when one stops holding.
 
 What it relies on (measured on torch 2.13):
 - The artifact file written by `AOTCompiledArtifact.save(format="binary")` is
@@ -16,45 +17,63 @@ What it relies on (measured on torch 2.13):
 - `AOTCompiledArtifact.deserialize(payload)` turns the bundle back into a callable
   taking the graph's flat inputs (lifted weights first, then user inputs) and
   returning a flat list of tensors.
-- On an export graph, `standalone_compile(dynamic_shapes="from_graph")` looks for
-  the fake mode under `node.meta["example_value"]` of the outputs, while export
-  stores its fakes under `meta["val"]`. Copying them across makes the compile use
-  export's ShapeEnv, so exactly the export Dims are symbolic; without it every
-  size of every input, weights included, becomes symbolic.
 - Inductor loads each compiled CPU kernel through
-  `CppPythonBindingsCodeCache.load_pybinding_async(argtypes, main_code, ...,
-  kernel_code=...)`, which compiles the source with the local C++ compiler and
-  returns a thunk giving the extension's entry function. Loading an artifact
-  calls it again with the same source, and compiles again, for the running CPU
-  (not the one the source was generated for: an AVX2 kernel rebuilt for AVX512
-  corrupts memory). We key each kernel by what the artifact itself supplies
-  (argument types and source), keep the `.so` built at compile time, and at load
-  answer that call with the shipped `.so`, loaded by the class's own
-  `_load_library` (it sets the environment variable the extension's init reads).
-  The parameters changed across releases, so arguments are bound by name.
-- `torch._inductor.cpu_vec_isa.pick_vec_isa()` under `config.cpp.simdlen`
-  names the vector ISA a compile targets, with the compiler flags it adds.
-- `torch.utils._pytree.tree_leaves` flattens in the order export's call spec
-  uses, and its `TreeSpec` exposes `type`, `context`, `is_leaf()` and `children()`.
+  `CppPythonBindingsCodeCache.load_pybinding_async(argtypes, main_code, ...)`,
+  which would compile the source with the local C++ compiler, for the running CPU.
+  We key each kernel by what the artifact itself supplies (`kernel_key`), and
+  answer that call with the `.so` the build shipped. The parameters changed
+  across releases, so arguments are bound by name.
+- A compiled kernel is a CPython extension whose init function is
+  `PyInit_kernel` (so its module name must end in `.kernel`), whose entry
+  function is `kernel`, and whose init reads the address of
+  `torch._C._dynamo.guards._torchinductor_pyobject_tensor_data_ptr` from the
+  environment variable `_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR`.
+- The lean form: what a CPU artifact runs is inductor's output module, plain
+  Python that defines `call(args) -> tuple` (it empties the list it is given).
+  Its only compiler imports are `AsyncCompile` (its `cpp_pybinding` returns the
+  kernels, `wait(globals())` waits for them) and `extern_kernels` (matrix products,
+  which are the torch functions of the same name), plus three names that are
+  unused unless optional inductor features are on. The build rewrites those
+  imports and each `cpp_pybinding` call (`hatch_precompile/lean.py`); the loader
+  binds the names in `LEAN_BINDINGS`. Everything else the module uses comes from
+  `import torch` itself (`torch._C._dynamo.guards` helpers, `torch.ops.inductor`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.util
 import inspect
 import json
+import os
+import sys
 import zlib
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable, Iterator
 
 ARTIFACT_HEADER = b"AOTCompiledArtifact"
 _CRC_SIZE = 4
 _LENGTH_SIZE = 8
 
+KERNEL_ENTRY = "kernel"  # CppPythonBindingsCodeCache.entry_function
+KERNEL_INIT_VARIABLE = "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"
+
+# The names a lean module expects the loader to bind, and how it uses them.
+LEAN_BINDINGS = (
+    "AsyncCompile",  # async_compile = AsyncCompile(); async_compile.wait(globals())
+    "extern_kernels",  # extern_kernels.addmm(..., out=buf): torch.addmm
+    "shipped_kernel",  # name = shipped_kernel("<key>"): written by the build for each cpp_pybinding
+)
+
 
 class ArtifactFormatError(ValueError):
     """The artifact file is damaged or is not an AOTCompiledArtifact."""
+
+
+class MissingKernelError(RuntimeError):
+    """The artifact asked for a compiled kernel the wheel does not carry."""
 
 
 def split_artifact(data: bytes) -> tuple[bytes, bytes]:
@@ -80,17 +99,11 @@ def split_artifact(data: bytes) -> tuple[bytes, bytes]:
 
 
 def deserialize_artifact(payload: bytes) -> Callable[..., list[Any]]:
-    """Unpickle an artifact's bundle into its compiled callable (runs code from the file)."""
+    """Unpickle an artifact's bundle into its compiled callable (runs code from the
+    file, and imports torch._inductor)."""
     from torch._inductor.standalone_compile import AOTCompiledArtifact
 
     return AOTCompiledArtifact.deserialize(payload)
-
-
-def torch_key() -> bytes:
-    """The hash torch writes into every artifact: torch's version and module bytes."""
-    from torch._inductor.codecache import torch_key as key
-
-    return key()
 
 
 def kernel_key(arguments: dict[str, Any]) -> str:
@@ -107,31 +120,37 @@ def kernel_key(arguments: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:40]
 
 
-def _bind(signature: inspect.Signature, cls: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
-    bound = signature.bind(cls, *args, **kwargs)
-    bound.apply_defaults()
-    return bound.arguments
+def load_kernel(path: Path, key: str) -> Callable[..., Any]:
+    """The entry function of a shipped kernel extension, loaded without inductor.
+    Raises ImportError (the dynamic loader's message) if it cannot be loaded."""
+    import torch
 
-
-def _kernel_loader() -> tuple[Any, Callable[..., Any], inspect.Signature]:
-    from torch._inductor.codecache import CppPythonBindingsCodeCache
-
-    original = CppPythonBindingsCodeCache.__dict__["load_pybinding_async"].__func__
-    return CppPythonBindingsCodeCache, original, inspect.signature(original)
+    os.environ[KERNEL_INIT_VARIABLE] = str(torch._C._dynamo.guards._torchinductor_pyobject_tensor_data_ptr)
+    module_name = f"hatch_precompile_{key}.{KERNEL_ENTRY}"
+    module = sys.modules.get(module_name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[module_name] = module
+    return getattr(module, KERNEL_ENTRY)
 
 
 @contextlib.contextmanager
 def shipped_kernels(kernels: dict[str, Path]) -> Iterator[None]:
     """While active, compiled CPU kernels come from `kernels` (key -> `.so`), never
     from a compiler. A kernel not in `kernels` raises `MissingKernelError`."""
-    cls, original, signature = _kernel_loader()
+    from torch._inductor.codecache import CppPythonBindingsCodeCache as cls
+
+    original = cls.__dict__["load_pybinding_async"].__func__
+    signature = inspect.signature(original)
 
     def load_shipped(loader_cls: Any, *args: Any, **kwargs: Any) -> Callable[[], Any]:
-        key = kernel_key(_bind(signature, loader_cls, args, kwargs))
+        key = kernel_key(bind_arguments(signature, loader_cls, args, kwargs))
         if key not in kernels:
             raise MissingKernelError(f"compiled kernel {key} is not shipped with this artifact (refusing to compile it here)")
-        library = loader_cls._load_library(str(kernels[key]), f"hatch_precompile_{key}")
-        entry = getattr(library, loader_cls.entry_function)
+        entry = load_kernel(kernels[key], key)
         return lambda: entry
 
     cls.load_pybinding_async = classmethod(load_shipped)
@@ -141,103 +160,38 @@ def shipped_kernels(kernels: dict[str, Path]) -> Iterator[None]:
         cls.load_pybinding_async = classmethod(original)
 
 
-class MissingKernelError(RuntimeError):
-    """The artifact asked for a compiled kernel the wheel does not carry."""
+def bind_arguments(signature: inspect.Signature, cls: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
+    bound = signature.bind(cls, *args, **kwargs)
+    bound.apply_defaults()
+    return bound.arguments
 
 
-# --- Build side only -------------------------------------------------------------
+class _ReadyKernels:
+    """Stands in for inductor's AsyncCompile in a lean module: the build replaced
+    every kernel compile with `shipped_kernel(key)`, so there is nothing to wait for."""
+
+    def wait(self, scope: dict[str, Any]) -> None:
+        pass
 
 
-@contextlib.contextmanager
-def captured_kernels() -> Iterator[dict[str, Callable[[], str]]]:
-    """While active, record every CPU kernel inductor builds: key -> thunk giving
-    the path of its compiled `.so` (call it once compilation has finished)."""
-    cls, original, signature = _kernel_loader()
-    built: dict[str, Callable[[], str]] = {}
-
-    def record(loader_cls: Any, *args: Any, **kwargs: Any) -> Callable[[], Any]:
-        key = kernel_key(_bind(signature, loader_cls, args, kwargs))
-        get_entry = original(loader_cls, *args, **kwargs)
-        built[key] = lambda: get_entry().__self__.__file__  # the entry function's module
-        return get_entry
-
-    cls.load_pybinding_async = classmethod(record)
-    try:
-        yield built
-    finally:
-        cls.load_pybinding_async = classmethod(original)
-
-
-def vector_isa(simdlen: int) -> tuple[str, str]:
-    """(name, compiler flags) of the vector ISA inductor picks for `simdlen` bits here."""
-    from torch._inductor import config
-    from torch._inductor.cpu_vec_isa import pick_vec_isa
-
-    with config.patch({"cpp.simdlen": simdlen}):
-        isa = pick_vec_isa()
-    if not isa:
-        return "", ""
-    return str(isa), isa.build_arch_flags()
-
-
-
-def compile_exported(exported: Any, inductor_config: dict[str, Any]) -> Any:
-    """Compile a `torch.export` program with `standalone_compile(aot=True)`.
-
-    Returns the AOTCompiledArtifact. Exactly the export Dims stay dynamic.
-    """
+def run_lean_module(source: str, filename: str, extern_kernels: list[str], kernel: Callable[[str], Any]) -> Callable[[list[Any]], tuple]:
+    """Execute a lean module's source with the loader's bindings; return its `call`.
+    `kernel(key)` gives a shipped kernel's entry function; `extern_kernels` names
+    the torch functions the module calls as `extern_kernels.<name>`."""
     import torch
 
-    graph_module = exported.graph_module
-    fake_inputs = [node.meta["val"] for node in graph_module.graph.nodes if node.op == "placeholder"]
-    output_node = next(iter(reversed(graph_module.graph.nodes)))
-    for node in output_node.args[0]:
-        if isinstance(node, torch.fx.Node) and "val" in node.meta:
-            node.meta["example_value"] = node.meta["val"]
-    with torch.no_grad():
-        return torch._inductor.standalone_compile(
-            graph_module,
-            fake_inputs,
-            dynamic_shapes="from_graph",
-            options={"config_patches": dict(inductor_config)},
-            aot=True,
-        )
+    namespace: dict[str, Any] = {
+        "__name__": f"hatch_precompile_lean_{hashlib.sha256(filename.encode()).hexdigest()[:12]}",
+        "__file__": filename,
+        "AsyncCompile": _ReadyKernels,
+        "extern_kernels": SimpleNamespace(**{name: getattr(torch, name) for name in extern_kernels}),
+        "shipped_kernel": kernel,
+    }
+    exec(compile(source, filename, "exec"), namespace)
+    return namespace["call"]
 
 
-def save_artifact(artifact: Any, path: str) -> None:
-    artifact.save(path=path, format="binary")
-
-
-def tree_leaves(tree: Any) -> list[Any]:
-    """Flatten nested inputs or outputs in the order the compiled graph uses."""
-    from torch.utils._pytree import tree_leaves as leaves
-
-    return leaves(tree)
-
-
-def treespec_to_json(spec: Any) -> dict[str, Any]:
-    """A pytree spec as plain data: tuple, list and dict nodes around tensor leaves;
-    named tuples and classes flattened by key (transformers' ModelOutput) by the
-    import path of their class."""
-    from collections import namedtuple
-
-    if spec.is_leaf():
-        return {"type": "leaf"}
-    children = [treespec_to_json(c) for c in spec.children()]
-    kind = {tuple: "tuple", list: "list", dict: "dict"}.get(spec.type)
-    if kind == "dict":
-        return {"type": kind, "keys": list(spec.context), "children": children}
-    if kind is not None:
-        return {"type": kind, "children": children}
-    if spec.type is namedtuple:  # torch records the named tuple's class as the context
-        return {"type": "namedtuple", "class": _import_path(spec.context), "children": children}
-    if isinstance(spec.context, (list, tuple)) and all(isinstance(key, str) for key in spec.context):
-        return {"type": "keyed", "class": _import_path(spec.type), "keys": list(spec.context), "children": children}
-    raise TypeError(
-        f"{_import_path(spec.type)} in inputs or outputs is not supported yet; "
-        "use tuples, lists, dicts, named tuples and tensors"
-    )
-
-
-def _import_path(cls: type) -> str:
-    return f"{cls.__module__}:{cls.__qualname__}"
+def misaligned(tensor: Any) -> bool:
+    """Whether inductor would copy this input before a call that checks alignment
+    (`torch._inductor.utils.ALIGNMENT`, 16 bytes)."""
+    return tensor.data_ptr() % 16 != 0

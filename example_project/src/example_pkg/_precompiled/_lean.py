@@ -1,0 +1,48 @@
+"""The lean form: run inductor's output module directly, with its kernels.
+
+What a compiled CPU graph runs is one generated Python module (`call(args)`)
+that calls compiled C++ kernels and a few torch ops. The build ships that module,
+rewritten so that each kernel is `shipped_kernel("<key>")` and nothing is imported
+from the compiler, and checked it in a fresh process against eager and the
+artifact. Loading it costs an `exec` of its source and one `dlopen` per kernel:
+neither `torch._inductor` nor `torch._dynamo` is imported.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from . import _torch_private
+from ._errors import PrecompiledIntegrityError
+from ._manifest import HERE, verified_bytes, verified_path
+
+
+def load(name: str, model: dict[str, Any], artifact: dict[str, Any]) -> Callable[[list[Any]], Any]:
+    """Verify the lean module and its kernels, then run its source; returns a
+    function of the graph's flat inputs (weights, then user inputs)."""
+    lean = artifact["lean"]
+    source = verified_bytes(lean).decode("utf-8")
+    kernels = {key: verified_path(model["kernels"][key]) for key in artifact["kernels"]}
+    try:
+        return make_runner(source, str(HERE / lean["file"]), kernels, lean["extern_kernels"], lean["inputs_to_check"])
+    except KeyError as error:
+        raise PrecompiledIntegrityError(f"model {name!r}, {lean['file']}: kernel {error} is not shipped with it") from None
+
+
+def make_runner(
+    source: str, filename: str, kernels: dict[str, Path], extern_kernels: list[str], inputs_to_check: list[int]
+) -> Callable[[list[Any]], Any]:
+    """Run a lean module's source with its kernels bound; returns its `call`,
+    preceded by the alignment copies inductor's own wrapper makes."""
+    call = _torch_private.run_lean_module(
+        source, filename, extern_kernels, lambda key: _torch_private.load_kernel(kernels[key], key)
+    )
+
+    def run(flat: list[Any]) -> Any:
+        for index in inputs_to_check:
+            if _torch_private.misaligned(flat[index]):
+                flat[index] = flat[index].clone()
+        return call(flat)
+
+    return run

@@ -1,0 +1,194 @@
+"""The lean form: inductor's output module, rewritten to run without the compiler.
+
+Runs in the compile worker. `rewrite` takes the output module of a compiled CPU
+graph and returns the text the wheel ships, or refuses with the reason. It is
+strict on purpose: a lean module is shipped only where it is exactly what the
+artifact runs, minus the compiler. Then `check_in_fresh_process` runs every
+rewritten module the way the loader will, in a new interpreter, and compares
+its outputs with the artifact's (bit for bit) and eager's (within tolerance).
+
+The rewrite, on the module's syntax tree (never on guessed text patterns):
+- drops the leading docstring (compile-time autotuning notes) and the benchmark
+  harness (`get_args`, `benchmark_compiled_module`, the `__main__` block);
+- drops the compiler imports; the loader binds `AsyncCompile` and
+  `extern_kernels` (`runtime/_torch_private.py`, `LEAN_BINDINGS`); the other
+  three names must be unused;
+- replaces each `async_compile.cpp_pybinding(argtypes, source)` with
+  `shipped_kernel("<key>")`, the key of a kernel this compile built.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import __version__, torch_internals
+
+# The compiler imports inductor writes, by module: name -> whether the loader binds it.
+_COMPILER_IMPORTS = {
+    "torch._inductor.hooks": {"run_intermediate_hooks": False},
+    "torch._inductor.utils": {"maybe_profile": False},
+    "torch._inductor.codegen.memory_planning": {"_align": False},
+    "torch._inductor.async_compile": {"AsyncCompile": True},
+    "torch._inductor.select_algorithm": {"extern_kernels": True},
+}
+_PLAIN_IMPORTS = {"torch", "math", "cmath", "random", "os", "tempfile", "ctypes"}
+_BENCHMARK_HARNESS = {"get_args", "benchmark_compiled_module"}
+CHECK_MODULE = "hatch_precompile.lean_check"
+
+
+class LeanRefused(Exception):
+    """The output module cannot run on its own exactly as the artifact runs it."""
+
+
+@dataclass(frozen=True)
+class LeanModule:
+    text: str
+    extern_kernels: list[str]  # the torch functions it calls as extern_kernels.<name>
+    kernels: list[str]  # the keys of the kernels it loads
+
+
+def rewrite(source: str, built_kernels: set[str], title: str) -> LeanModule:
+    """The lean module for an output module whose kernels `built_kernels` were
+    compiled (by key); raises LeanRefused with the reason where it cannot be one."""
+    tree = ast.parse(source)
+    edits: list[tuple[ast.AST, str]] = []  # (node, replacement text)
+    unbound: set[str] = set()
+    body = tree.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+        edits.append((body[0], ""))
+    for statement in body:
+        if isinstance(statement, ast.FunctionDef) and statement.name in _BENCHMARK_HARNESS:
+            edits.append((statement, ""))
+        elif isinstance(statement, ast.If) and "__main__" in ast.unparse(statement.test):
+            edits.append((statement, ""))
+        elif isinstance(statement, ast.ImportFrom) and statement.module in _COMPILER_IMPORTS:
+            known = _COMPILER_IMPORTS[statement.module]
+            for alias in statement.names:
+                if alias.name not in known:
+                    raise LeanRefused(f"it imports {alias.name} from {statement.module}")
+                if not known[alias.name]:
+                    unbound.add(alias.asname or alias.name)
+            edits.append((statement, ""))
+    removed = {id(node) for node, _ in edits}
+    kernels: list[str] = []
+    extern: set[str] = set()
+    for node in ast.walk(ast.Module(body=[s for s in body if id(s) not in removed], type_ignores=[])):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            for module in modules:
+                if module not in _PLAIN_IMPORTS:
+                    raise LeanRefused(f"it imports {module}")
+        elif isinstance(node, ast.Name) and node.id in unbound:
+            raise LeanRefused(f"it uses {node.id} (an optional inductor feature is on)")
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "extern_kernels":
+            if not torch_internals.extern_kernel_is_torch_function(node.attr):
+                raise LeanRefused(f"it calls extern_kernels.{node.attr}, which is not torch.{node.attr}")
+            extern.add(node.attr)
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "async_compile":
+            if node.attr not in ("cpp_pybinding", "wait"):
+                raise LeanRefused(f"it compiles kernels with async_compile.{node.attr}")
+        elif isinstance(node, ast.Call) and _is_cpp_pybinding(node):
+            key = _kernel_key(node)
+            if key not in built_kernels:
+                raise LeanRefused(f"its kernel {key} is not one this compile built")
+            kernels.append(key)
+            edits.append((node, f'shipped_kernel("{key}")'))
+    text = _apply(source, edits)
+    try:
+        rewritten = ast.parse(text)
+    except SyntaxError as error:
+        raise LeanRefused(f"the rewritten module does not parse: {error}") from None
+    if not any(isinstance(s, ast.Assign) and any(getattr(t, "id", None) == "call" for t in s.targets) for s in rewritten.body):
+        raise LeanRefused("it defines no call")
+    header = (
+        f"# {title}: inductor's output module, in the lean form written by hatch-precompile {__version__}.\n"
+        "# The build removed the autotuning notes, the benchmark harness and the compiler imports;\n"
+        "# the loader binds AsyncCompile and extern_kernels, and shipped_kernel(key) loads kernels/<key>.so.\n"
+    )
+    return LeanModule(header + text.strip() + "\n", sorted(extern), kernels)
+
+
+def _is_cpp_pybinding(node: ast.Call) -> bool:
+    function = node.func
+    return (
+        isinstance(function, ast.Attribute)
+        and function.attr == "cpp_pybinding"
+        and isinstance(function.value, ast.Name)
+        and function.value.id == "async_compile"
+    )
+
+
+def _kernel_key(node: ast.Call) -> str:
+    if len(node.args) != 2 or node.keywords:
+        raise LeanRefused("a cpp_pybinding call has other arguments than (argtypes, source)")
+    try:
+        argtypes, source = ast.literal_eval(node.args[0]), ast.literal_eval(node.args[1])
+    except ValueError:
+        raise LeanRefused("a cpp_pybinding call's arguments are not literals") from None
+    return torch_internals.pybinding_kernel_key(argtypes, source)
+
+
+def _apply(source: str, edits: list[tuple[ast.AST, str]]) -> str:
+    """The source with each node's text replaced (a removed statement takes its
+    line break with it). ast's columns count UTF-8 bytes, so edit the bytes."""
+    data = source.encode()
+    line_starts = [0]
+    for line in data.splitlines(keepends=True):
+        line_starts.append(line_starts[-1] + len(line))
+    spans = []
+    for node, replacement in edits:
+        start = line_starts[node.lineno - 1] + node.col_offset  # type: ignore[attr-defined]
+        end = line_starts[node.end_lineno - 1] + node.end_col_offset  # type: ignore[attr-defined]
+        if replacement == "" and data[end : end + 1] == b"\n":
+            end += 1
+        spans.append((start, end, replacement.encode()))
+    for start, end, replacement in sorted(spans, reverse=True):
+        data = data[:start] + replacement + data[end:]
+    return data.decode()
+
+
+@dataclass
+class LeanCandidate:
+    """A rewritten module waiting for its check, with what to check it against."""
+
+    artifact: dict[str, Any]  # its manifest entry, completed by `check_in_fresh_process`
+    module_path: Path
+    data_path: Path  # torch.save of {"flat": [...], "artifact": [...], "eager": [...]}
+    tolerance: list[dict[str, float]]  # per output: rtol, atol against eager
+
+
+def check_in_fresh_process(candidates: list[LeanCandidate], kernels_dir: Path, scratch: Path) -> dict[str, str]:
+    """Run every candidate in a new interpreter as the loader would; returns, per
+    module file, "" if it matched or the reason it did not."""
+    request = scratch / "lean-check.json"
+    request.write_text(
+        json.dumps(
+            {
+                "kernels_dir": str(kernels_dir),
+                "modules": [
+                    {
+                        "file": str(c.module_path),
+                        "data": str(c.data_path),
+                        "extern_kernels": c.artifact["lean"]["extern_kernels"],
+                        "inputs_to_check": c.artifact["lean"]["inputs_to_check"],
+                        "kernels": c.artifact["kernels"],
+                        "tolerance": c.tolerance,
+                    }
+                    for c in candidates
+                ],
+            }
+        ),
+        encoding="utf-8",
+    )
+    done = subprocess.run([sys.executable, "-m", CHECK_MODULE, str(request)], capture_output=True, text=True)
+    results_path = scratch / "lean-check.result.json"
+    if done.returncode != 0 or not results_path.is_file():
+        reason = f"the check process exited with {done.returncode}: {done.stderr.strip()[-1500:]}"
+        return {str(c.module_path): reason for c in candidates}
+    return json.loads(results_path.read_text(encoding="utf-8"))

@@ -1,0 +1,58 @@
+"""`python -m hatch_precompile.lean_check REQUEST.json`: run lean modules as the loader would.
+
+A fresh interpreter, so that nothing the compile left in the process (inductor's
+modules, its kernel cache, patched functions) can make a module pass here that
+would fail in a user's process. Each module runs through the loader's own code
+(`runtime/_lean.py`) on the example inputs; its outputs must equal the
+artifact's bit for bit and eager's within the build's tolerance, and afterwards
+neither torch._inductor nor torch._dynamo may have been imported.
+
+Writes `<request stem>.result.json` beside the request: module file -> "" or the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def check(module: dict[str, Any], kernels_dir: Path) -> str:
+    import torch
+
+    from .runtime._lean import make_runner
+
+    kernels = {key: kernels_dir / f"{key}.so" for key in module["kernels"]}
+    path = Path(module["file"])
+    run = make_runner(path.read_text(encoding="utf-8"), str(path), kernels, module["extern_kernels"], module["inputs_to_check"])
+    data = torch.load(module["data"], weights_only=True)
+    with torch.no_grad():
+        outputs = list(run(list(data["flat"])))
+    if len(outputs) != len(data["artifact"]):
+        return f"it returned {len(outputs)} outputs, the artifact {len(data['artifact'])}"
+    for index, (lean, artifact, eager, tolerance) in enumerate(zip(outputs, data["artifact"], data["eager"], module["tolerance"])):
+        if not torch.equal(lean, artifact):
+            return f"output {index} differs from the artifact's by up to {(lean.float() - artifact.float()).abs().max().item():.3g}"
+        if not torch.allclose(lean, eager, **tolerance, equal_nan=True):
+            return f"output {index} differs from eager beyond rtol={tolerance['rtol']}, atol={tolerance['atol']}"
+    return ""
+
+
+def main(request_path: str) -> int:
+    request = json.loads(Path(request_path).read_text(encoding="utf-8"))
+    results = {}
+    for module in request["modules"]:
+        try:
+            results[module["file"]] = check(module, Path(request["kernels_dir"]))
+        except Exception as error:  # reported per module; the build ships the artifact form instead
+            results[module["file"]] = f"running it failed: {type(error).__name__}: {error}"
+    imported = [name for name in ("torch._inductor", "torch._dynamo") if name in sys.modules]
+    if imported:
+        results = {file: reason or f"running it imported {', '.join(imported)}" for file, reason in results.items()}
+    Path(request_path).with_suffix(".result.json").write_text(json.dumps(results), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,139 @@
+"""The call contract: flatten and check a call's arguments against what was
+compiled, give compiled code the memory layout it was compiled for, and rebuild
+the module's output structure.
+
+Compiled code checks nothing itself: a wrong dtype gives garbage, a wrong size
+a bare AssertionError or a crash. Every check here names the model, the input,
+what was expected and what was given.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+
+def flatten_call(name: str, tree: dict[str, Any], args: tuple, kwargs: dict) -> list[Any]:
+    """Flatten (args, kwargs) along the spec recorded at build time, naming what differs."""
+    arg_spec, kwarg_spec = tree["children"]
+    if len(args) != len(arg_spec["children"]):
+        raise ValueError(f"model {name!r}: expected {len(arg_spec['children'])} positional argument(s), got {len(args)}")
+    expected = set(kwarg_spec.get("keys", []))
+    if set(kwargs) != expected:
+        missing, unexpected = sorted(expected - set(kwargs)), sorted(set(kwargs) - expected)
+        raise ValueError(
+            f"model {name!r}: keyword arguments differ from the compiled signature: "
+            f"missing {missing or 'none'}, unexpected {unexpected or 'none'}"
+        )
+    leaves: list[Any] = []
+    _flatten(name, (args, kwargs), tree, "", leaves)
+    return leaves
+
+
+def _flatten(name: str, value: Any, spec: dict[str, Any], path: str, leaves: list[Any]) -> None:
+    kind = spec["type"]
+    if kind == "leaf":
+        leaves.append(value)
+    elif kind in ("dict", "keyed"):
+        if not hasattr(value, "keys") or set(value.keys()) != set(spec["keys"]):
+            raise ValueError(f"model {name!r}: input {path or 'kwargs'} must be a mapping with keys {spec['keys']}")
+        for key, child in zip(spec["keys"], spec["children"]):
+            _flatten(name, value[key], child, f"{path}[{key!r}]", leaves)
+    else:
+        container = list if kind == "list" else tuple
+        if not isinstance(value, container) or len(value) != len(spec["children"]):
+            raise ValueError(f"model {name!r}: input {path or 'args'} must be a {kind} of {len(spec['children'])} item(s)")
+        for i, (item, child) in enumerate(zip(value, spec["children"])):
+            _flatten(name, item, child, f"{path}[{i}]", leaves)
+
+
+def check_inputs(name: str, specs: list[dict[str, Any]], dims: dict[str, Any], values: list[Any]) -> dict[str, int]:
+    """Check each flat input against its spec; return the size of each dim."""
+    import torch
+
+    sizes: dict[str, tuple[int, str]] = {}
+    for spec, value in zip(specs, values):
+        where = f"model {name!r}, input {spec['name']}"
+        if "value" in spec:
+            if value != spec["value"] or type(value) is not type(spec["value"]):
+                raise ValueError(f"{where}: compiled for the constant {spec['value']!r}, got {value!r}")
+            continue
+        if not isinstance(value, torch.Tensor):
+            raise ValueError(f"{where}: expected a tensor, got {type(value).__name__}")
+        if str(value.dtype) != f"torch.{spec['dtype']}":
+            raise ValueError(f"{where}: expected dtype {spec['dtype']}, got {str(value.dtype).removeprefix('torch.')}")
+        if value.device.type != spec["device"]:
+            raise ValueError(f"{where}: expected a tensor on {spec['device']}, got one on {value.device}")
+        shape = spec["shape"]
+        if value.dim() != len(shape):
+            raise ValueError(f"{where}: expected {len(shape)} dimensions {shape}, got shape {list(value.shape)}")
+        for axis, (want, got) in enumerate(zip(shape, value.shape)):
+            if isinstance(want, int):
+                if got != want:
+                    raise ValueError(f"{where}: expected size {want} at dim {axis} (shape {shape}), got {list(value.shape)}")
+                continue
+            low, high = dims[want]["min"], dims[want]["max"]
+            if not low <= got <= high:
+                raise ValueError(f"{where}: dim {want!r} (dim {axis}) must be in [{low}, {high}], got {got}")
+            first = sizes.setdefault(want, (got, spec["name"]))
+            if first[0] != got:
+                raise ValueError(f"{where}: dim {want!r} is {got} here but {first[0]} in input {first[1]}")
+    return {dim: size for dim, (size, _) in sizes.items()}
+
+
+def conform_layouts(specs: list[dict[str, Any]], values: list[Any]) -> list[Any]:
+    """The tensors in the memory layout the graph was compiled for. Compiled code
+    asserts exact strides, so a transposed, sliced or expanded view (which the
+    eager module accepts) is copied into that layout first; tensors already in it
+    pass through untouched. (Strides of size-1 dims are ignored by both
+    `is_contiguous` and the compiled code's own assertions.)"""
+    import torch
+
+    conformed = []
+    for spec, value in zip(specs, values):
+        if "value" not in spec:
+            layout = torch.channels_last if spec.get("layout") == "channels_last" else torch.contiguous_format
+            if not value.is_contiguous(memory_format=layout):
+                value = value.clone(memory_format=layout)
+        conformed.append(value)
+    return conformed
+
+
+def unflatten(spec: dict[str, Any], leaves: Any, classes: bool) -> Any:
+    """Rebuild the module's output structure. With `classes`, named tuples and
+    library output classes (transformers' ModelOutput) are imported by name and
+    rebuilt; without, or if that import fails, the caller gets a tuple (named
+    tuples) or a dict (keyed classes) with the same contents."""
+    kind = spec["type"]
+    if kind == "leaf":
+        return next(leaves)
+    children = [unflatten(child, leaves, classes) for child in spec["children"]]
+    if kind in ("dict", "keyed"):
+        values = dict(zip(spec["keys"], children))
+        cls = _output_class(spec) if kind == "keyed" and classes else None
+        return cls(**values) if cls is not None else values
+    if kind == "namedtuple":
+        cls = _output_class(spec) if classes else None
+        return cls(*children) if cls is not None else tuple(children)
+    return tuple(children) if kind == "tuple" else children
+
+
+_output_classes: dict[str, Any] = {}
+
+
+def _output_class(spec: dict[str, Any]) -> Any:
+    if spec["class"] not in _output_classes:
+        try:
+            _output_classes[spec["class"]] = import_object(spec["class"])
+        except (ImportError, AttributeError):
+            _output_classes[spec["class"]] = None
+    return _output_classes[spec["class"]]
+
+
+def import_object(spec: str) -> Any:
+    """The object named by "module:attribute.path"."""
+    module_name, _, attribute = spec.partition(":")
+    target: Any = importlib.import_module(module_name)
+    for part in attribute.split("."):
+        target = getattr(target, part)
+    return target

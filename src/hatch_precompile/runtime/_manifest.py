@@ -1,0 +1,238 @@
+"""Reading the manifest, verifying shipped files, and choosing what to load here.
+
+Everything in this module decides from the manifest alone: nothing is unpickled
+and no native code is loaded for an artifact that does not fit this process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ._errors import PrecompiledIntegrityError, PrecompiledModelError
+
+HERE = Path(__file__).resolve().parent
+MANIFEST = HERE / "manifest.json"
+MANIFEST_FORMAT = 2
+_CONFIG_TABLE = ("tool", "hatch", "build", "hooks", "precompile")
+
+CPU_TARGET_VARIABLE = "HATCH_PRECOMPILE_CPU_TARGET"  # force one CPU target (if the CPU can run it)
+FALLBACK_VARIABLE = "HATCH_PRECOMPILE_FALLBACK"  # "eager" or "error" for the whole process
+FORM_VARIABLE = "HATCH_PRECOMPILE_FORM"  # "auto" (default), "lean" or "artifact"
+FORMS = ("auto", "lean", "artifact")
+
+# torch.backends.cpu.get_cpu_capability() levels, lowest first; it honours a user's
+# ATEN_CPU_CAPABILITY downgrade, so a variant above it is never picked.
+_ATEN_LEVELS = ("DEFAULT", "AVX2", "AVX512")
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One shipped shape variant and the form it loads in: "lean" (the inductor
+    output module and its kernels, no compiler imported) or "artifact" (the
+    AOTCompiledArtifact, through torch._inductor)."""
+
+    artifact: dict[str, Any]
+    form: str
+
+    @property
+    def file(self) -> str:
+        return self.artifact["lean"]["file"] if self.form == "lean" else self.artifact["file"]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What loading a model would do: its manifest entry and the variants to load
+    (one CPU target, every shape variant), or none and the reason."""
+
+    model: dict[str, Any]
+    choices: list[Choice]
+    reason: str
+
+
+def plan(name: str, manifest: dict[str, Any] | None = None) -> Plan:
+    manifest = manifest or read_manifest()
+    if manifest is None:
+        reason = (
+            f"no compiled artifacts next to {HERE} (a source checkout, an editable install, "
+            "or a wheel built without the precompile hook)"
+        )
+        return Plan(_model_from_source_config(name), [], reason)
+    model = manifest["models"].get(name)
+    if model is None:
+        known = ", ".join(sorted(manifest["models"])) or "none"
+        raise KeyError(f"no model named {name!r} in {MANIFEST} (models: {known})")
+    choices, reason = _choose(model)
+    return Plan(model, choices, reason)
+
+
+def fallback_policy(requested: str | None, model: dict[str, Any]) -> str:
+    policy = requested or os.environ.get(FALLBACK_VARIABLE) or model["fallback"]
+    if policy not in ("eager", "error"):
+        source = "the fallback argument" if requested else FALLBACK_VARIABLE
+        raise ValueError(f"{source} must be 'eager' or 'error', got {policy!r}")
+    return policy
+
+
+def unavailable(name: str, reason: str) -> str:
+    return (
+        f"model {name!r}: {reason}. Build and install a wheel with the hatch-precompile hook "
+        "(`hatch build`, `python -m build`, `pip wheel .`) using the torch and Python you deploy with."
+    )
+
+
+def read_manifest() -> dict[str, Any] | None:
+    """The manifest, checked against the digest in the generated `_build` module."""
+    try:
+        data = MANIFEST.read_bytes()
+    except FileNotFoundError:
+        return None
+    try:
+        from ._build import MANIFEST_SHA256
+    except ImportError:
+        raise PrecompiledIntegrityError(f"{MANIFEST} is present but {HERE / '_build.py'} is not: the install is damaged") from None
+    if hashlib.sha256(data).hexdigest() != MANIFEST_SHA256:
+        raise PrecompiledIntegrityError(f"{MANIFEST} does not match the digest the build recorded: it was modified")
+    manifest = json.loads(data)
+    if manifest.get("format") != MANIFEST_FORMAT:
+        raise PrecompiledModelError(f"{MANIFEST} has format {manifest.get('format')!r}; this loader reads format {MANIFEST_FORMAT}")
+    return manifest
+
+
+def verified_bytes(record: dict[str, Any]) -> bytes:
+    """A shipped file's bytes, checked against the manifest's size and sha256.
+    The same bytes are then used, so nothing can change in between."""
+    path = HERE / record["file"]
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise PrecompiledIntegrityError(f"{path} is missing: reinstall the package") from None
+    _check_digest(path, len(data), hashlib.sha256(data).hexdigest(), record)
+    return data
+
+
+def verified_path(record: dict[str, Any]) -> Path:
+    """A shipped file's path, after hashing it in chunks (for files read by path:
+    weights are memory-mapped, kernels are loaded by the dynamic loader)."""
+    path = HERE / record["file"]
+    digest = hashlib.sha256()
+    try:
+        with path.open("rb") as stream:
+            for block in iter(lambda: stream.read(1 << 20), b""):
+                digest.update(block)
+    except FileNotFoundError:
+        raise PrecompiledIntegrityError(f"{path} is missing: reinstall the package") from None
+    _check_digest(path, path.stat().st_size, digest.hexdigest(), record)
+    return path
+
+
+def _check_digest(path: Path, size: int, sha256: str, record: dict[str, Any]) -> None:
+    if size != record["size"] or sha256 != record["sha256"]:
+        raise PrecompiledIntegrityError(
+            f"{path} does not match the manifest (size {size}, expected {record['size']}; sha256 "
+            f"{'matches' if sha256 == record['sha256'] else 'differs'}): it was modified or truncated; "
+            "reinstall the package"
+        )
+
+
+def _running_environment() -> dict[str, Any]:
+    import torch
+
+    return {
+        "torch": torch.__version__,
+        "torch_git": torch.version.git_version,
+        "python": f"{sys.version_info.major}.{sys.version_info.minor}",
+        "platform": sysconfig.get_platform(),
+        "cpu_features": {name for name, present in torch.cpu.get_capabilities().items() if present is True},
+        "aten_capability": torch.backends.cpu.get_cpu_capability(),
+    }
+
+
+def requested_form() -> str:
+    form = os.environ.get(FORM_VARIABLE) or "auto"
+    if form not in FORMS:
+        raise ValueError(f"{FORM_VARIABLE} must be one of {', '.join(FORMS)}, got {form!r}")
+    return form
+
+
+def _choose(model: dict[str, Any]) -> tuple[list[Choice], str]:
+    """The variants (every shape) of the best CPU target this process can run, each
+    in the form to load, or none and why none fits.
+
+    The torch build is compared by version (with its local label, e.g. +cpu) and
+    git revision: the artifact's exact key, torch_key(), hashes every torch source
+    file and costs a second to compute."""
+    here = _running_environment()
+    form = requested_form()
+    targets: dict[str, list[dict[str, Any]]] = {}
+    for artifact in sorted(model["artifacts"], key=lambda a: _aten_level(a["aten_capability"]), reverse=True):
+        targets.setdefault(artifact["cpu_target"], []).append(artifact)
+    forced = os.environ.get(CPU_TARGET_VARIABLE)
+    if forced:
+        if forced not in targets:
+            return [], f"{CPU_TARGET_VARIABLE}={forced} but the shipped CPU targets are: {', '.join(targets)}"
+        targets = {forced: targets[forced]}
+    reasons = []
+    for target, artifacts in targets.items():
+        first = artifacts[0]  # the variants of one target share their requirements
+        built = first["built_with"]
+        problems = [f"{what} differs" for what in ("torch", "torch_git", "python", "platform") if built[what] != here[what]]
+        missing = sorted(set(first["cpu_features"]) - here["cpu_features"])
+        if missing:
+            problems.append(f"CPU lacks {', '.join(missing)}")
+        if _aten_level(first["aten_capability"]) > _aten_level(here["aten_capability"]):
+            problems.append(f"torch runs {here['aten_capability']} kernels here, not {first['aten_capability']} (see ATEN_CPU_CAPABILITY)")
+        refused = [a for a in artifacts if "file" not in a["lean"]]
+        if form == "lean" and refused:
+            problems.append(f"{FORM_VARIABLE}=lean but the build refused the lean form of {refused[0]['file']}: {refused[0]['lean']['refused']}")
+        if not problems:
+            return [Choice(a, "lean" if form != "artifact" and "file" in a["lean"] else "artifact") for a in artifacts], ""
+        reasons.append(
+            f"{first['file']} was built with torch {built['torch']} ({built['torch_git'][:12]}) on "
+            f"cp{built['python'].replace('.', '')} {built['platform']} for {target}: " + ", ".join(problems)
+        )
+    found = ", ".join(sorted(here["cpu_features"])) or "none"
+    running = (
+        f"running torch {here['torch']} ({here['torch_git'][:12]}) on cp{here['python'].replace('.', '')} "
+        f"{here['platform']} with {here['aten_capability']} kernels and CPU features: {found}"
+    )
+    return [], f"no shipped artifact fits this process: {'; '.join(reasons)}; {running}"
+
+
+def _aten_level(capability: str) -> int:
+    return _ATEN_LEVELS.index(capability) if capability in _ATEN_LEVELS else 0
+
+
+def _model_from_source_config(name: str) -> dict[str, Any]:
+    """In a source checkout: the model's factory, dtype, fallback and output form,
+    read from the pyproject.toml above this file."""
+    for directory in HERE.parents:
+        pyproject = directory / "pyproject.toml"
+        if pyproject.is_file():
+            import tomllib
+
+            table: Any = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+            for key in _CONFIG_TABLE:
+                table = table.get(key, {})
+            models = table.get("models", {})
+            if not models:
+                break  # the nearest project is not one that uses hatch-precompile
+            if name not in models:
+                known = ", ".join(sorted(models)) or "none"
+                raise KeyError(f"no model named {name!r} in {pyproject} (models: {known})")
+            config = models[name]
+            return {
+                "factory": config["factory"],
+                "dtype": config.get("dtype"),
+                "fallback": config.get("fallback", table.get("fallback", "eager")),
+            }
+    raise PrecompiledModelError(
+        f"model {name!r}: no manifest.json next to {HERE} and no pyproject.toml above it: "
+        "this package was built without the hatch-precompile hook"
+    )

@@ -1,0 +1,223 @@
+"""The build's uses of torch's private internals, in one place.
+
+The loader's own uses are in `runtime/_torch_private.py`, which ships in wheels;
+this module does not. `tests/test_torch_assumptions.py` checks each assumption
+below against the installed torch.
+
+What it relies on (measured on torch 2.13):
+- Decomposing an export graph with inductor's own table
+  (`torch._inductor.decomposition.select_decomp_table()`) gives the graph inductor
+  compiles anyway; export's default table fails on some models (transformers'
+  GPT-2 `x.view(-1, x.size(-1))` with a dynamic batch and sequence).
+- On an export graph, `standalone_compile(dynamic_shapes="from_graph")` looks for
+  the fake mode under `node.meta["example_value"]` of the outputs, while export
+  stores its fakes under `meta["val"]`. Copying them across makes the compile use
+  export's ShapeEnv, so exactly the export Dims are symbolic; without it every
+  size of every input, weights included, becomes symbolic.
+- `CppPythonBindingsCodeCache.load_pybinding_async` is where every CPU kernel is
+  compiled; recording its arguments and result gives each kernel's key and `.so`.
+  Inductor's output module asks for a kernel with
+  `async_compile.cpp_pybinding(argtypes, source)`, which passes every other
+  argument at its default (so `pybinding_kernel_key` finds the same key).
+- A compiled artifact's `inner_fn.compiled_fn` is inductor's compiled graph: its
+  `source_code` is the output module's text, `inputs_to_check` the inputs whose
+  alignment its wrapper checks, `mutated_input_idxs` the inputs it mutates and
+  `constants` the tensors frozen into it.
+- `torch._inductor.select_algorithm.extern_kernels.<name>`: the extern kernels the
+  output module calls; we bind only those that are the torch function of the
+  same name.
+- `torch._inductor.cpu_vec_isa.pick_vec_isa()` under `config.cpp.simdlen`
+  names the vector ISA a compile targets, with the compiler flags it adds.
+- `torch.utils._pytree.tree_leaves` flattens in the order export's call spec
+  uses, and its `TreeSpec` exposes `type`, `context`, `is_leaf()` and `children()`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from typing import Any, Callable, Iterator
+
+import torch
+
+from .runtime._torch_private import bind_arguments, kernel_key
+
+
+def decompose(exported: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """The export graph decomposed with the table inductor itself uses."""
+    from torch._inductor.decomposition import select_decomp_table
+
+    return exported.run_decompositions(select_decomp_table())
+
+
+def compile_exported(exported: torch.export.ExportedProgram, inductor_config: dict[str, Any]) -> Any:
+    """Compile a `torch.export` program with `standalone_compile(aot=True)`.
+
+    Returns the AOTCompiledArtifact. Exactly the export Dims stay dynamic.
+    """
+    graph_module = exported.graph_module
+    fake_inputs = [node.meta["val"] for node in graph_module.graph.nodes if node.op == "placeholder"]
+    output_node = next(iter(reversed(graph_module.graph.nodes)))
+    for node in output_node.args[0]:
+        if isinstance(node, torch.fx.Node) and "val" in node.meta:
+            node.meta["example_value"] = node.meta["val"]
+    with torch.no_grad():
+        return torch._inductor.standalone_compile(
+            graph_module,
+            fake_inputs,
+            dynamic_shapes="from_graph",
+            options={"config_patches": dict(inductor_config)},
+            aot=True,
+        )
+
+
+def save_artifact(artifact: Any, path: str) -> None:
+    artifact.save(path=path, format="binary")
+
+
+def torch_key() -> bytes:
+    """The hash torch writes into every artifact: torch's version and module bytes."""
+    from torch._inductor.codecache import torch_key as key
+
+    return key()
+
+
+@contextlib.contextmanager
+def captured_kernels() -> Iterator[dict[str, Callable[[], str]]]:
+    """While active, record every CPU kernel inductor builds: key -> thunk giving
+    the path of its compiled `.so` (call it once compilation has finished)."""
+    from torch._inductor.codecache import CppPythonBindingsCodeCache as cls
+
+    original = cls.__dict__["load_pybinding_async"].__func__
+    signature = inspect.signature(original)
+    built: dict[str, Callable[[], str]] = {}
+
+    def record(loader_cls: Any, *args: Any, **kwargs: Any) -> Callable[[], Any]:
+        key = kernel_key(bind_arguments(signature, loader_cls, args, kwargs))
+        get_entry = original(loader_cls, *args, **kwargs)
+        built[key] = lambda: get_entry().__self__.__file__  # the entry function's module
+        return get_entry
+
+    cls.load_pybinding_async = classmethod(record)
+    try:
+        yield built
+    finally:
+        cls.load_pybinding_async = classmethod(original)
+
+
+def pybinding_kernel_key(argtypes: list[str], source: str) -> str:
+    """The key of the kernel an output module's `cpp_pybinding(argtypes, source)` loads."""
+    from torch._inductor.codecache import CppPythonBindingsCodeCache as cls
+
+    signature = inspect.signature(cls.__dict__["load_pybinding_async"].__func__)
+    return kernel_key(bind_arguments(signature, cls, (argtypes, source), {}))
+
+
+def vector_isa(simdlen: int) -> tuple[str, str]:
+    """(name, compiler flags) of the vector ISA inductor picks for `simdlen` bits here."""
+    from torch._inductor import config
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    with config.patch({"cpp.simdlen": simdlen}):
+        isa = pick_vec_isa()
+    if not isa:
+        return "", ""
+    return str(isa), isa.build_arch_flags()
+
+
+def output_module(artifact: Any) -> tuple[str, list[int], str]:
+    """(source of the output module, indices of the inputs whose alignment the
+    compiled graph's wrapper checks, why the wrapper does more than that or "")."""
+    graph = artifact.inner_fn.compiled_fn
+    source = getattr(graph, "source_code", None)
+    if not isinstance(source, str):
+        return "", [], "the compiled graph carries no output module source"
+    if graph.mutated_input_idxs:
+        return source, [], f"the compiled graph mutates inputs {sorted(graph.mutated_input_idxs)}"
+    if graph.constants:
+        return source, [], "the compiled graph has frozen constants"
+    return source, list(graph.inputs_to_check), ""
+
+
+def wrapper_work(exported: torch.export.ExportedProgram) -> str:
+    """What AOTAutograd's runtime wrapper would do around this graph's compiled
+    code at run time, or "" if nothing: the lean form runs the code alone."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    signature = exported.graph_signature
+    if signature.buffers_to_mutate or signature.user_inputs_to_mutate:
+        mutated = [*signature.buffers_to_mutate.values(), *signature.user_inputs_to_mutate.values()]
+        return f"it mutates inputs or buffers ({', '.join(mutated)})"
+    if getattr(signature, "input_tokens", None) or getattr(signature, "output_tokens", None):
+        return "it carries effect tokens (ops with side effects)"
+    nodes = list(exported.graph_module.graph.nodes)
+    for node in nodes:
+        if node.op == "call_function" and torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()):
+            return f"it draws random numbers ({node.target})"
+    placeholders = [n.meta.get("val") for n in nodes if n.op == "placeholder"]
+    outputs = [n.meta.get("val") if isinstance(n, torch.fx.Node) else n for n in nodes[-1].args[0]]
+    tensors = [v for v in [*placeholders, *outputs] if isinstance(v, torch.Tensor)]
+    if any(is_traceable_wrapper_subclass(v) for v in tensors):
+        return "its inputs or outputs are tensor subclasses"
+    input_storages = {StorageWeakRef(v.untyped_storage()) for v in placeholders if isinstance(v, torch.Tensor)}
+    seen = set()
+    for index, value in enumerate(outputs):
+        if not isinstance(value, torch.Tensor):
+            return f"output {index} is not a tensor"
+        storage = StorageWeakRef(value.untyped_storage())
+        if storage in input_storages:
+            return f"output {index} is an input or a view of one"
+        if storage in seen:
+            return f"output {index} is a view of another output"
+        seen.add(storage)
+    return ""
+
+
+def extern_kernel_is_torch_function(name: str) -> bool:
+    """Whether the output module's `extern_kernels.<name>` is `torch.<name>`."""
+    from torch._inductor.select_algorithm import extern_kernels
+
+    return getattr(extern_kernels, name, None) is getattr(torch, name, object())
+
+
+def tree_leaves(tree: Any) -> list[Any]:
+    """Flatten nested inputs or outputs in the order the compiled graph uses."""
+    from torch.utils._pytree import tree_leaves as leaves
+
+    return leaves(tree)
+
+
+def tree_map(function: Callable[[Any], Any], tree: Any) -> Any:
+    """`function` applied to every leaf of nested inputs, keeping their structure."""
+    from torch.utils._pytree import tree_map as map_leaves
+
+    return map_leaves(function, tree)
+
+
+def treespec_to_json(spec: Any) -> dict[str, Any]:
+    """A pytree spec as plain data: tuple, list and dict nodes around tensor leaves;
+    named tuples and classes flattened by key (transformers' ModelOutput) by the
+    import path of their class."""
+    from collections import namedtuple
+
+    if spec.is_leaf():
+        return {"type": "leaf"}
+    children = [treespec_to_json(c) for c in spec.children()]
+    kind = {tuple: "tuple", list: "list", dict: "dict"}.get(spec.type)
+    if kind == "dict":
+        return {"type": kind, "keys": list(spec.context), "children": children}
+    if kind is not None:
+        return {"type": kind, "children": children}
+    if spec.type is namedtuple:  # torch records the named tuple's class as the context
+        return {"type": "namedtuple", "class": _import_path(spec.context), "children": children}
+    if isinstance(spec.context, (list, tuple)) and all(isinstance(key, str) for key in spec.context):
+        return {"type": "keyed", "class": _import_path(spec.type), "keys": list(spec.context), "children": children}
+    raise TypeError(
+        f"{_import_path(spec.type)} in inputs or outputs is not supported yet; "
+        "use tuples, lists, dicts, named tuples and tensors"
+    )
+
+
+def _import_path(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
