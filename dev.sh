@@ -18,17 +18,36 @@ setup() {
   .venv/bin/python -m pip install --disable-pip-version-check -q -e '.[test]'
 }
 
+build_example_wheel() {  # build_example_wheel <project folder>: its wheel into .demo/dist
+  # python -m build with isolation, as a user would; hatch-precompile comes from
+  # .demo/wheelhouse. The full log is kept in .demo/<folder>-build.log.
+  local log=".demo/$1-build.log"
+  if ! PIP_FIND_LINKS="$PWD/.demo/wheelhouse ${PIP_FIND_LINKS:-}" \
+      .venv/bin/python -m build --wheel --outdir .demo/dist "$1" >"$log" 2>&1; then
+    tail -n 40 "$log" >&2
+    echo "building $1 failed; full log: $log" >&2
+    exit 1
+  fi
+  grep -E "precompile:|Successfully" "$log" || true
+}
+
 install_example() {
   setup
   rm -rf .demo && mkdir -p .demo
   echo "== building hatch-precompile's wheel"
   .venv/bin/python -m build -q --wheel --no-isolation --outdir .demo/wheelhouse . >/dev/null 2>&1
   echo "== building the example wheel (python -m build, isolated; the hook compiles the encoder)"
-  PIP_FIND_LINKS="$PWD/.demo/wheelhouse ${PIP_FIND_LINKS:-}" \
-    .venv/bin/python -m build --wheel --outdir .demo/dist example_project 2>&1 | grep -E "precompile:|Successfully"
+  build_example_wheel example_project
   echo "== installing it into a fresh environment"
   .venv/bin/python -m venv .demo/venv
-  .demo/venv/bin/python -m pip install --disable-pip-version-check -q .demo/dist/*.whl
+  .demo/venv/bin/python -m pip install --disable-pip-version-check -q .demo/dist/example_pkg-*.whl
+}
+
+install_transformers_example() {  # after install_example: adds example_bert (and transformers) to .demo/venv
+  echo "== building the transformers example wheel (isolated; transformers enters the build environment, the hook compiles its models)"
+  build_example_wheel example_transformers
+  echo "== installing it (transformers comes with it) into the same environment"
+  .demo/venv/bin/python -m pip install --disable-pip-version-check -q .demo/dist/example_bert-*.whl
 }
 
 demo() {
@@ -39,7 +58,8 @@ demo() {
 
 bench() {
   install_example
-  echo "== benchmark (several minutes: torch.compile runs cold five times)"
+  install_transformers_example
+  echo "== benchmark (several minutes: torch.compile runs cold once per run and model)"
   .demo/venv/bin/python benchmarks/cold_start.py "$@"
 }
 

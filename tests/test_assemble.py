@@ -34,18 +34,19 @@ def test_the_examples_vendor_this_versions_loader(package: str) -> None:
 
 def test_assembly_records_sizes_hashes_and_the_manifest_digest(tmp_path: Path) -> None:
     (tmp_path / "m" / "kernels").mkdir(parents=True)
-    files = {"m/cpu-avx2.bin": b"artifact", "m/weights.safetensors": b"weights", "m/kernels/k1.so": b"kernel"}
+    files = {"m/cpu-avx2.bin": b"artifact", "m/cpu-avx2.py": b"lean", "m/weights.safetensors": b"weights", "m/kernels/k1.so": b"kernel"}
     for name, data in files.items():
         (tmp_path / name).write_bytes(data)
     entry = {
         "weights": {"file": "weights.safetensors", "order": []},
-        "artifacts": [{"file": "cpu-avx2.bin", "kernels": ["k1"]}],
+        "artifacts": [{"file": "cpu-avx2.bin", "kernels": ["k1"], "lean": {"file": "cpu-avx2.py", "extern_kernels": []}}],
     }
     shipped = assemble(tmp_path, "pkg", {"m": "eager"}, {"m": entry})
     manifest_bytes = (tmp_path / "manifest.json").read_bytes()
     manifest = json.loads(manifest_bytes)["models"]["m"]
     assert manifest["fallback"] == "eager"
     assert manifest["artifacts"][0]["sha256"] == hashlib.sha256(b"artifact").hexdigest()
+    assert manifest["artifacts"][0]["lean"] == {"file": "m/cpu-avx2.py", "extern_kernels": [], "size": 4, "sha256": hashlib.sha256(b"lean").hexdigest()}
     assert manifest["kernels"]["k1"] == {"file": "m/kernels/k1.so", "size": 6, "sha256": hashlib.sha256(b"kernel").hexdigest()}
     assert manifest["weights"]["size"] == len(b"weights")
     digest = hashlib.sha256(manifest_bytes).hexdigest()

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from conftest import EXAMPLE, REPO, ExampleBuild, Venv, no_compiler_env, run, with_find_links
+from hatch_precompile.assemble import RUNTIME_FILES
 
 pytestmark = pytest.mark.e2e
 
@@ -25,22 +26,36 @@ TORCH_PIN = f"torch=={torch.__version__.split('+')[0]}"
 PRECOMPILED = "example_pkg/_precompiled/"
 
 # Runs in a fresh process: the compiled encoder against the eager module from the
-# same factory, at several batch sizes; float32 tolerance rtol=1e-4, atol=1e-5.
+# same factory, at several batch sizes and in layouts the eager module accepts
+# (transposed, sliced, expanded); float32 tolerance rtol=1e-4, atol=1e-5. Reports
+# which compiler modules the first call imported.
 COMPARE_WITH_EAGER = """
-import json, torch
+import json, sys, torch
 from example_pkg import load_compiled
+ids = torch.randint(0, 1000, (8, 64))
+encoder = load_compiled("encoder")
+first = encoder(ids)
+report = {"repr": repr(encoder), "compiler": sorted(m for m in ("torch._inductor", "torch._dynamo") if m in sys.modules)}
 from example_pkg.model import build_encoder
-encoder, eager = load_compiled("encoder"), build_encoder()
-report = {"repr": repr(encoder), "batches": {}}
-for batch in (1, 7, 64):
-    ids = torch.randint(0, 1000, (batch, 64), generator=torch.Generator().manual_seed(batch))
-    out = encoder(ids)
+eager = build_encoder()
+report["batches"] = {}
+generator = torch.Generator().manual_seed(0)
+calls = {
+    "batch 1": torch.randint(0, 1000, (1, 64), generator=generator),
+    "batch 7": torch.randint(0, 1000, (7, 64), generator=generator),
+    "batch 64": torch.randint(0, 1000, (64, 64), generator=generator),
+    "transposed": torch.randint(0, 1000, (64, 5), generator=generator).t(),
+    "sliced": torch.randint(0, 1000, (6, 128), generator=generator)[1:, ::2],
+    "expanded": torch.randint(0, 1000, (1, 64), generator=generator).expand(4, 64),
+}
+for case, call in calls.items():
+    out = encoder(call)
     with torch.no_grad():
-        ref = eager(ids)
+        ref = eager(call)
     assert type(out) is dict and list(out) == list(ref), (type(out), list(out))
     for key in ref:
         torch.testing.assert_close(out[key], ref[key], rtol=1e-4, atol=1e-5)
-    report["batches"][batch] = {k: list(v.shape) for k, v in out.items()}
+    report["batches"][case] = list(out["embedding"].shape)
 print(json.dumps(report))
 """
 
@@ -64,10 +79,10 @@ def test_wheel_holds_loader_manifest_artifact_and_weights(example_build: Example
     with zipfile.ZipFile(example_build.wheel) as wheel:
         names = set(wheel.namelist())
         manifest = json.loads(wheel.read(PRECOMPILED + "manifest.json"))
-        for expected in ("__init__.py", "_torch_private.py", "manifest.json"):
+        for expected in (*RUNTIME_FILES, "manifest.json", "_build.py"):
             assert PRECOMPILED + expected in names
         encoder = manifest["models"]["encoder"]
-        shipped = [encoder["weights"], *encoder["artifacts"], *encoder["kernels"].values()]
+        shipped = [encoder["weights"], *encoder["artifacts"], encoder["artifacts"][0]["lean"], *encoder["kernels"].values()]
         for record in shipped:
             data = wheel.read(PRECOMPILED + record["file"])
             assert len(data) == record["size"]
@@ -78,9 +93,10 @@ def test_wheel_holds_loader_manifest_artifact_and_weights(example_build: Example
     assert artifact["built_with"]["torch"] == torch.__version__
     assert artifact["built_with"]["python"] == f"{sys.version_info.major}.{sys.version_info.minor}"
     assert artifact["device"] == "cpu" and artifact["file"] == "encoder/cpu-avx2.bin"
+    assert artifact["lean"]["file"] == "encoder/cpu-avx2.py" and artifact["lean"]["extern_kernels"] == ["addmm"]
     assert artifact["cpu_target"] == "avx2" and artifact["aten_capability"] == "AVX2"
     assert set(artifact["kernels"]) == set(encoder["kernels"]) and len(artifact["kernels"]) >= 1
-    assert encoder["inputs"]["leaves"] == [{"name": "input_ids", "dtype": "int64", "device": "cpu", "shape": ["batch", 64]}]
+    assert encoder["inputs"]["leaves"] == [{"name": "input_ids", "dtype": "int64", "device": "cpu", "shape": ["batch", 64], "layout": "contiguous"}]
     assert encoder["outputs"]["leaves"] == [
         {"dtype": "float32", "shape": ["batch", 64]},
         {"dtype": "float32", "shape": ["batch", 64, 64]},
@@ -106,13 +122,31 @@ def test_build_reports_progress_per_model_and_step(example_build: ExampleBuild) 
         assert f"precompile: encoder: {step} (" in example_build.log
 
 
-def test_compiled_encoder_matches_eager_at_several_batch_sizes_with_no_compiler(deploy_venv: Venv, tmp_path: Path) -> None:
-    report = json.loads(deploy_venv.script(COMPARE_WITH_EAGER, env=no_compiler_env(tmp_path)).stdout)
+@pytest.mark.parametrize(
+    ("form", "loaded", "compiler"),
+    [
+        ("auto", "encoder/cpu-avx2.py", []),
+        ("lean", "encoder/cpu-avx2.py", []),
+        ("artifact", "encoder/cpu-avx2.bin", ["torch._dynamo", "torch._inductor"]),
+    ],
+)
+def test_compiled_encoder_matches_eager_in_both_forms_with_no_compiler(
+    deploy_venv: Venv, tmp_path: Path, form: str, loaded: str, compiler: list[str]
+) -> None:
+    env = no_compiler_env(tmp_path, HATCH_PRECOMPILE_FORM=form)
+    report = json.loads(deploy_venv.script(COMPARE_WITH_EAGER, env=env).stdout)
     assert not (tmp_path / "compiler-used").exists()
-    assert report["repr"] == "<compiled model 'encoder' from encoder/cpu-avx2.bin>"
+    assert report["repr"] == f"<compiled model 'encoder' from {loaded}>"
+    assert report["compiler"] == compiler
     assert report["batches"] == {
-        str(b): {"embedding": [b, 64], "hidden_states": [b, 64, 64]} for b in (1, 7, 64)
+        "batch 1": [1, 64], "batch 7": [7, 64], "batch 64": [64, 64], "transposed": [5, 64], "sliced": [5, 64], "expanded": [4, 64]
     }
+
+
+def test_the_lean_form_writes_nothing_to_disk(deploy_venv: Venv, tmp_path: Path) -> None:
+    env = no_compiler_env(tmp_path)
+    deploy_venv.script("import torch\nfrom example_pkg import load_compiled\nload_compiled('encoder')(torch.zeros(2, 64, dtype=torch.long))", env=env)
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "inductor").exists()
 
 
 def test_deployed_wheel_needs_neither_the_plugin_nor_a_torch_import_at_package_import(deploy_venv: Venv) -> None:

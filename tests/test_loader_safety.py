@@ -47,7 +47,15 @@ def manifest_of(package: Path) -> dict:
 def encoder_files(package: Path) -> dict[str, str]:
     model = manifest_of(package)["models"]["encoder"]
     (artifact,) = model["artifacts"]
-    return {"artifact": artifact["file"], "weights": model["weights"]["file"], "kernel": model["kernels"][artifact["kernels"][0]]["file"]}
+    return {
+        "artifact": artifact["file"],
+        "lean module": artifact["lean"]["file"],
+        "weights": model["weights"]["file"],
+        "kernel": model["kernels"][artifact["kernels"][0]]["file"],
+    }
+
+
+ARTIFACT_FORM = {"HATCH_PRECOMPILE_FORM": "artifact"}  # for what only the artifact form reads or writes
 
 
 def assert_refused(result: subprocess.CompletedProcess[str], *phrases: str) -> None:
@@ -57,15 +65,17 @@ def assert_refused(result: subprocess.CompletedProcess[str], *phrases: str) -> N
         assert phrase in last, last
 
 
-def test_the_copy_loads_when_untouched(deploy_venv: Venv, package: Path) -> None:
-    result = run_copy(deploy_venv, package)
+@pytest.mark.parametrize("form", ["lean", "artifact"])
+def test_the_copy_loads_when_untouched(deploy_venv: Venv, package: Path, form: str) -> None:
+    result = run_copy(deploy_venv, package, HATCH_PRECOMPILE_FORM=form)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "<compiled model 'encoder' from encoder/cpu-avx2.bin>" in result.stdout
+    loaded = "encoder/cpu-avx2.py" if form == "lean" else "encoder/cpu-avx2.bin"
+    assert f"<compiled model 'encoder' from {loaded}>" in result.stdout
 
 
-@pytest.mark.parametrize("which", ["artifact", "weights", "kernel"])
+@pytest.mark.parametrize(("which", "form"), [("lean module", "lean"), ("artifact", "artifact"), ("weights", "lean"), ("kernel", "lean"), ("kernel", "artifact")])
 @pytest.mark.parametrize("damage", ["flip a byte", "truncate"])
-def test_a_damaged_file_is_refused_by_name_before_use(deploy_venv: Venv, package: Path, which: str, damage: str) -> None:
+def test_a_damaged_file_is_refused_by_name_before_use(deploy_venv: Venv, package: Path, which: str, form: str, damage: str) -> None:
     path = package / encoder_files(package)[which]
     data = bytearray(path.read_bytes())
     if damage == "flip a byte":
@@ -73,7 +83,7 @@ def test_a_damaged_file_is_refused_by_name_before_use(deploy_venv: Venv, package
     else:
         del data[len(data) // 3 :]
     path.write_bytes(bytes(data))
-    result = run_copy(deploy_venv, package)
+    result = run_copy(deploy_venv, package, HATCH_PRECOMPILE_FORM=form)
     assert_refused(result, "PrecompiledIntegrityError", str(path), "does not match the manifest")
 
 
@@ -92,9 +102,9 @@ def test_an_edited_manifest_is_refused(deploy_venv: Venv, package: Path) -> None
 
 def test_a_manifest_of_another_format_is_refused(deploy_venv: Venv, package: Path) -> None:
     manifest = manifest_of(package)
-    manifest["format"] = 2
+    manifest["format"] = 1
     reseal(package / "manifest.json", manifest)
-    assert_refused(run_copy(deploy_venv, package), "PrecompiledModelError", "has format 2; this loader reads format 1")
+    assert_refused(run_copy(deploy_venv, package), "PrecompiledModelError", "has format 1; this loader reads format 2")
 
 
 def test_a_manifest_without_its_digest_module_is_refused(deploy_venv: Venv, package: Path) -> None:
@@ -106,7 +116,8 @@ def test_an_artifact_from_another_torch_build_is_refused(deploy_venv: Venv, pack
     manifest = manifest_of(package)
     manifest["models"]["encoder"]["artifacts"][0]["built_with"]["torch_key"] = "ab" * 32
     reseal(package / "manifest.json", manifest)
-    assert_refused(run_copy(deploy_venv, package), "PrecompiledIntegrityError", "was written by another torch build than the manifest says")
+    result = run_copy(deploy_venv, package, **ARTIFACT_FORM)
+    assert_refused(result, "PrecompiledIntegrityError", "was written by another torch build than the manifest says")
 
 
 @pytest.mark.parametrize(
@@ -172,18 +183,23 @@ except _precompiled.PrecompiledModelError:
     assert_refused(bad, "ValueError: HATCH_PRECOMPILE_FALLBACK must be 'eager' or 'error', got 'sometimes'")
 
 
-def test_explain_names_the_variant_that_would_load(deploy_venv: Venv, package: Path) -> None:
-    result = run_copy(deploy_venv, package, "from example_pkg import load_compiled\nprint(load_compiled.explain())")
-    assert result.stdout.strip() == "encoder: would load encoder/cpu-avx2.bin (CPU target avx2)"
+def test_explain_names_the_variant_and_form_that_would_load(deploy_venv: Venv, package: Path) -> None:
+    code = "from example_pkg import load_compiled\nprint(load_compiled.explain())"
+    assert run_copy(deploy_venv, package, code).stdout.strip() == "encoder: would load encoder/cpu-avx2.py (lean form) for CPU target avx2"
+    assert run_copy(deploy_venv, package, code, **ARTIFACT_FORM).stdout.strip() == (
+        "encoder: would load encoder/cpu-avx2.bin (artifact form; HATCH_PRECOMPILE_FORM=artifact) for CPU target avx2"
+    )
 
 
-def test_loading_works_under_python_dash_o(deploy_venv: Venv, package: Path) -> None:
-    result = run_copy(deploy_venv, package, options=("-O",))
+@pytest.mark.parametrize("form", ["lean", "artifact"])
+def test_loading_works_under_python_dash_o(deploy_venv: Venv, package: Path, form: str) -> None:
+    result = run_copy(deploy_venv, package, options=("-O",), HATCH_PRECOMPILE_FORM=form)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "<compiled model 'encoder' from encoder/cpu-avx2.bin> torch.Size([2, 64])" in result.stdout
+    assert f"<compiled model 'encoder' from encoder/cpu-avx2.{'py' if form == 'lean' else 'bin'}> torch.Size([2, 64])" in result.stdout
 
 
-def test_a_read_only_install_loads_and_is_not_written_to(deploy_venv: Venv, package: Path) -> None:
+@pytest.mark.parametrize("form", ["lean", "artifact"])
+def test_a_read_only_install_loads_and_is_not_written_to(deploy_venv: Venv, package: Path, form: str) -> None:
     site = package.parent.parent
 
     def snapshot() -> dict[str, tuple[int, int]]:
@@ -193,7 +209,7 @@ def test_a_read_only_install_loads_and_is_not_written_to(deploy_venv: Venv, pack
     for path in [site, *site.rglob("*")]:
         path.chmod(path.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
     try:
-        result = run_copy(deploy_venv, package, PYTHONDONTWRITEBYTECODE="1")
+        result = run_copy(deploy_venv, package, PYTHONDONTWRITEBYTECODE="1", HATCH_PRECOMPILE_FORM=form)
     finally:
         for path in [site, *site.rglob("*")]:
             path.chmod(path.stat().st_mode | stat.S_IWUSR)
@@ -205,21 +221,21 @@ def test_a_cache_directory_others_can_write_is_refused(deploy_venv: Venv, packag
     shared = tmp_path / "shared-cache"
     shared.mkdir()
     shared.chmod(0o777)
-    result = run_copy(deploy_venv, package, HATCH_PRECOMPILE_CACHE_DIR=str(shared))
+    result = run_copy(deploy_venv, package, HATCH_PRECOMPILE_CACHE_DIR=str(shared), **ARTIFACT_FORM)
     assert_refused(result, f"refusing cache directory {shared}", "found owner uid", "mode 0o777")
 
 
 def test_without_a_writable_home_loading_uses_a_private_temporary_cache(deploy_venv: Venv, package: Path) -> None:
-    env = {**no_compiler_env(package.parent.parent.parent, PYTHONPATH=str(package.parent.parent)), "HOME": "/proc/no-home"}
+    env = {**no_compiler_env(package.parent.parent.parent, PYTHONPATH=str(package.parent.parent), **ARTIFACT_FORM), "HOME": "/proc/no-home"}
     del env["HATCH_PRECOMPILE_CACHE_DIR"]
-    code = LOAD + "from example_pkg import _precompiled\nprint(oct(_precompiled._private_cache_dir().stat().st_mode & 0o777))"
+    code = LOAD + "from example_pkg._precompiled import _artifact\nprint(oct(_artifact.private_cache_dir().stat().st_mode & 0o777))"
     result = deploy_venv.script(code, env=env, check=False)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().endswith("0o700")
 
 
 def test_processes_loading_at_once_with_a_shared_empty_cache_all_succeed(deploy_venv: Venv, package: Path, tmp_path: Path) -> None:
-    env = {**no_compiler_env(tmp_path, PYTHONPATH=str(package.parent.parent)), "HATCH_PRECOMPILE_CACHE_DIR": str(tmp_path / "shared")}
+    env = {**no_compiler_env(tmp_path, PYTHONPATH=str(package.parent.parent), **ARTIFACT_FORM), "HATCH_PRECOMPILE_CACHE_DIR": str(tmp_path / "shared")}
     processes = [
         subprocess.Popen([deploy_venv.python, "-c", LOAD], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for _ in range(4)

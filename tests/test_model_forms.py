@@ -56,6 +56,32 @@ class Mlp(nn.Module):
 
 def mlp():
     return Mlp().eval()
+
+
+class ReturnsItsInput(Mlp):
+    """Returns a view of its input: AOTAutograd's wrapper rebuilds that view at
+    run time, so the build ships only the artifact form."""
+
+    def forward(self, x):
+        return self.layers(x), x.t()
+
+
+def returns_its_input():
+    return ReturnsItsInput().eval()
+
+
+class Conv(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(2)
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+    def forward(self, image):
+        return torch.relu(self.conv(image)).mean((2, 3))
+
+
+def conv():
+    return Conv().eval()
 '''
 
 PRECOMPILE = """
@@ -87,6 +113,16 @@ factory = "formpkg.models:mlp"
 inputs = [{ shape = ["batch", 16], dtype = "bfloat16" }]
 dims = { batch = { min = 1, max = 8 } }
 dtype = "bfloat16"
+
+[tool.hatch.build.hooks.precompile.models.returns_its_input]
+factory = "formpkg.models:returns_its_input"
+inputs = [{ shape = ["batch", 16] }]
+dims = { batch = { min = 1, max = 8 } }
+
+[tool.hatch.build.hooks.precompile.models.conv]
+factory = "formpkg.models:conv"
+inputs = [{ shape = ["batch", 3, 8, 8] }]
+dims = { batch = { min = 1, max = 8 } }
 """
 
 
@@ -97,9 +133,10 @@ def forms(tmp_path_factory: pytest.TempPathFactory, torch_venv: Venv) -> Venv:
     return torch_venv
 
 
-def call(env: Venv, tmp_path: Path, code: str) -> dict:
+def call(env: Venv, tmp_path: Path, code: str, **extra: str) -> dict:
     prelude = "import json, torch\nfrom formpkg import load_compiled\nfrom formpkg import models\nreport = {}\n"
-    result = env.script(prelude + textwrap.dedent(code) + "\nprint(json.dumps(report))", env=no_compiler_env(tmp_path), check=False)
+    environment = no_compiler_env(tmp_path, **extra)
+    result = env.script(prelude + textwrap.dedent(code) + "\nprint(json.dumps(report))", env=environment, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -118,8 +155,8 @@ def test_buckets_dispatch_on_the_exact_size_and_refuse_others(forms: Venv, tmp_p
             report["3"] = str(error)
     """)
     assert report == {
-        "2": "buckets/cpu-avx2-batch2.bin",
-        "4": "buckets/cpu-avx2-batch4.bin",
+        "2": "buckets/cpu-avx2-batch2.py",
+        "4": "buckets/cpu-avx2-batch4.py",
         "3": "model 'buckets': dim 'batch' is 3, but it was compiled only for the sizes [2, 4]",
     }
 
@@ -137,7 +174,7 @@ def test_buckets_with_a_range_use_the_dynamic_artifact_between_buckets(forms: Ve
         except ValueError as error:
             report["9"] = str(error)
     """)
-    dynamic, bucket = "buckets_and_range/cpu-avx2.bin", "buckets_and_range/cpu-avx2-batch4.bin"
+    dynamic, bucket = "buckets_and_range/cpu-avx2.py", "buckets_and_range/cpu-avx2-batch4.py"
     assert report == {
         "1": dynamic,
         "3": dynamic,
@@ -217,3 +254,48 @@ def test_a_bfloat16_model_takes_and_returns_bfloat16(forms: Venv, tmp_path: Path
             report["float32"] = str(error)
     """)
     assert report == {"dtype": "torch.bfloat16", "float32": "model 'half', input x: expected dtype bfloat16, got float32"}
+
+
+@pytest.mark.parametrize("form", ["auto", "artifact"])
+def test_images_in_any_layout_give_eagers_result_in_both_forms(forms: Venv, tmp_path: Path, form: str) -> None:
+    report = call(forms, tmp_path, """
+        model, eager = load_compiled("conv"), models.conv()
+        image = torch.randn(2, 3, 8, 8)
+        images = {
+            "contiguous": image,
+            "channels_last": image.to(memory_format=torch.channels_last),
+            "strided": torch.randn(2, 3, 16, 16)[:, :, ::2, ::2],
+            "expanded": torch.randn(1, 3, 8, 8).expand(4, 3, 8, 8),
+            "permuted": torch.randn(8, 8, 2, 3).permute(2, 3, 0, 1),
+        }
+        for case, x in images.items():
+            with torch.no_grad():
+                torch.testing.assert_close(model(x), eager(x), rtol=1e-4, atol=1e-5)
+            report[case] = list(model(x).shape)
+        report["loaded"] = repr(model)
+    """, HATCH_PRECOMPILE_FORM=form)
+    suffix = "bin" if form == "artifact" else "py"
+    assert report.pop("loaded") == f"<compiled model 'conv' from conv/cpu-avx2.{suffix}>"
+    assert report == {"contiguous": [2, 8], "channels_last": [2, 8], "strided": [2, 8], "expanded": [4, 8], "permuted": [2, 8]}
+
+
+def test_a_graph_returning_a_view_of_its_input_ships_the_artifact_form_and_says_why(forms: Venv, tmp_path: Path) -> None:
+    report = call(forms, tmp_path, """
+        model, eager = load_compiled("returns_its_input"), models.returns_its_input()
+        x = torch.randn(3, 16)
+        with torch.no_grad():
+            for got, want in zip(model(x), eager(x)):
+                torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        report["explain"] = load_compiled.explain("returns_its_input")
+    """)
+    assert report["explain"] == (
+        "returns_its_input: would load returns_its_input/cpu-avx2.bin (artifact form; "
+        "the build refused the lean form: output 1 is an input or a view of one) for CPU target avx2"
+    )
+    lean_only = forms.script(
+        "from formpkg import load_compiled\nload_compiled('returns_its_input')",
+        env=no_compiler_env(tmp_path, HATCH_PRECOMPILE_FORM="lean"),
+        check=False,
+    )
+    assert "PrecompiledModelError: model 'returns_its_input': no shipped artifact fits this process" in lean_only.stderr
+    assert "HATCH_PRECOMPILE_FORM=lean but the build refused the lean form of returns_its_input/cpu-avx2.bin: output 1 is" in lean_only.stderr

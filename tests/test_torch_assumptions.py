@@ -4,6 +4,7 @@ installed torch. When one of these fails after a torch upgrade, fix that module.
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import subprocess
@@ -95,11 +96,29 @@ def test_exactly_the_export_dims_are_symbolic_in_the_generated_code(compiled) ->
     """Weights and the input's feature size stay static; only the batch is a symbol."""
     wrappers = [p.read_text() for p in compiled.cache.rglob("*.py") if "def call(" in p.read_text()]
     assert len(wrappers) == 1
-    sizes = re.findall(r"assert_size_stride\(arg\d+_1, \(([^)]*)\)", wrappers[0])
-    entries = [s.strip() for group in sizes for s in group.split(",") if s.strip()]
+    sizes = _input_size_asserts(wrappers[0])
+    entries = [s for group in sizes for s in group]
     symbolic = [s for s in entries if not s.isdigit()]
     assert len(sizes) == 5  # four weights, one input
     assert len(symbolic) == 1 and symbolic[0].startswith("s"), sizes
+
+
+def _input_size_asserts(wrapper: str) -> list[list[str]]:
+    """The sizes `call` asserts for each graph input (`argN_1`): one
+    `assert_size_stride(arg, sizes, strides)` each (torch 2.13), or grouped as
+    `assert_size_stride_grouped((args), (sizes), (strides), 'input')` (2.14, 2.15)."""
+    sizes = []
+    for node in ast.walk(ast.parse(wrapper)):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
+            continue
+        if node.func.id == "assert_size_stride":
+            pairs = [(node.args[0], node.args[1])]
+        elif node.func.id == "assert_size_stride_grouped":
+            pairs = list(zip(node.args[0].elts, node.args[1].elts))
+        else:
+            continue
+        sizes += [[ast.unparse(e) for e in size.elts] for name, size in pairs if re.fullmatch(r"arg\d+_1", ast.unparse(name))]
+    return sizes
 
 
 def test_tree_specs_become_plain_data(compiled) -> None:
@@ -281,3 +300,57 @@ def test_a_module_importing_more_of_the_compiler_is_refused() -> None:
     hooks = "from torch._inductor.hooks import run_intermediate_hooks\ndef f(args):\n    run_intermediate_hooks('a', 1)\ncall = f\n"
     with pytest.raises(lean.LeanRefused, match="it uses run_intermediate_hooks"):
         lean.rewrite(hooks, set(), "made-up")
+
+
+def test_the_loaders_assert_tensor_metadata_behaves_as_inductors() -> None:
+    """torch 2.14 and 2.15 output modules check a fallback op's output (CPU flash
+    attention) with inductor's assert_tensor_metadata; the loader binds a copy."""
+    from torch._inductor.runtime import runtime_utils
+
+    theirs = getattr(runtime_utils, "assert_tensor_metadata", None)
+    if theirs is None:
+        pytest.skip("this torch's output modules do not call assert_tensor_metadata")
+    tensor = torch.zeros(2, 3)
+    cases = [((2, 3), (3, 1), torch.float32), ((2, 3), (3, 1), torch.float64), ((3, 2), (2, 1), torch.float32), ((2, 3), (1, 2), torch.float32)]
+    for case in cases:
+        outcomes = []
+        for function in (theirs, _torch_private.assert_tensor_metadata):
+            try:
+                function(tensor, *case, "op")
+                outcomes.append(None)
+            except Exception as error:
+                outcomes.append((type(error), str(error).splitlines()[:2]))
+        assert outcomes[0] == outcomes[1], case
+    assert theirs(None, (1,), (1,), torch.float32) is None and _torch_private.assert_tensor_metadata(None, (1,), (1,), torch.float32) is None
+
+
+def test_a_module_checking_fallback_outputs_gets_the_loaders_check() -> None:
+    source = (
+        "import torch\nfrom torch._inductor.runtime.runtime_utils import assert_tensor_metadata\n"
+        "def f(args):\n    assert_tensor_metadata(args[0], (2,), (1,), torch.float32, 'op')\n    return ()\ncall = f\n"
+    )
+    module = lean.rewrite(source, set(), "made-up")
+    assert "torch._inductor" not in module.text
+    call = _torch_private.run_lean_module(module.text, "made-up.py", [], lambda key: None)
+    assert call([torch.zeros(2)]) == ()
+    with pytest.raises(RuntimeError, match="expected dtype torch.float32"):
+        call([torch.zeros(2, dtype=torch.float64)])
+
+
+class Attention(nn.Module):
+    def __init__(self, dropout: float) -> None:
+        super().__init__()
+        self.dropout = dropout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.scaled_dot_product_attention(x, x, x, dropout_p=self.dropout)
+
+
+def test_attention_counts_as_random_only_with_dropout() -> None:
+    """Attention ops carry the nondeterministic_seeded tag for their dropout."""
+    x = torch.randn(2, 4, 8, 16)
+    with torch.no_grad():
+        without = torch_internals.decompose(torch.export.export(Attention(0.0), (x,)))
+        with_dropout = torch_internals.decompose(torch.export.export(Attention(0.5), (x,)))
+    assert torch_internals.wrapper_work(without) == ""
+    assert torch_internals.wrapper_work(with_dropout).startswith("it draws random numbers")

@@ -1,5 +1,6 @@
 """The transformers example: a BERT encoder built from a small config, compiled with
-input_ids and attention_mask and a dynamic batch, through `python -m build` with
+input_ids and attention_mask and a dynamic batch, and a GPT-2 decoder with a
+dynamic batch and sequence length, through `python -m build` with
 build isolation (transformers reaches the build environment through hatchling's
 require-runtime-dependencies), installed in a fresh environment and compared
 with the eager model in a fresh process."""
@@ -34,11 +35,38 @@ for batch in (1, 5, 16):
     for key in ("last_hidden_state", "pooler_output"):
         torch.testing.assert_close(out[key], ref[key], rtol=1e-4, atol=1e-5)
     report[batch] = [type(out).__name__, list(out.last_hidden_state.shape), list(out.pooler_output.shape)]
+report["loaded"] = repr(bert)
 print(json.dumps(report))
 """
 
+# The GPT-2 decoder at several batch sizes and sequence lengths (both dynamic).
+DECODER = """
+import json, torch
+from example_bert import load_compiled
+from example_bert.model import build_gpt2
+gpt2, eager = load_compiled("gpt2"), build_gpt2()
+report = {"loaded": repr(gpt2)}
+for batch, sequence in ((1, 4), (3, 17), (8, 96)):
+    ids = torch.randint(0, 1000, (batch, sequence), generator=torch.Generator().manual_seed(sequence))
+    out = gpt2(ids)
+    with torch.no_grad():
+        ref = eager(ids)
+    torch.testing.assert_close(out.logits, ref.logits, rtol=1e-4, atol=1e-5)
+    report[f"{batch}x{sequence}"] = [type(out).__name__, list(out.logits.shape)]
+print(json.dumps(report))
+"""
 
-def test_bert_from_transformers_round_trips(wheelhouse: Path, tmp_path: Path) -> None:
+# outputs="plain": a dict with the same contents, and transformers is never imported.
+PLAIN = """
+import json, sys, torch
+from example_bert import load_compiled
+bert = load_compiled("bert", outputs="plain")
+out = bert(torch.zeros(2, 32, dtype=torch.long), attention_mask=torch.ones(2, 32, dtype=torch.long))
+print(json.dumps([type(out).__name__, sorted(out), "transformers" in sys.modules, "torch._inductor" in sys.modules]))
+"""
+
+
+def test_bert_and_gpt2_from_transformers_round_trip(wheelhouse: Path, tmp_path: Path) -> None:
     project = tmp_path / "example_transformers"
     shutil.copytree(REPO / "example_transformers", project, ignore=shutil.ignore_patterns("dist", "__pycache__"))
     run([sys.executable, "-m", "build", "--wheel", str(project)], env=with_find_links(wheelhouse))
@@ -46,6 +74,12 @@ def test_bert_from_transformers_round_trips(wheelhouse: Path, tmp_path: Path) ->
     env = make_venv(tmp_path / "venv")
     env.pip(str(wheel))
     report = json.loads(env.script(COMPARE, env=no_compiler_env(tmp_path)).stdout)
+    assert report.pop("loaded") == "<compiled model 'bert' from bert/cpu-avx2.py>"
     name = "BaseModelOutputWithPoolingAndCrossAttentions"
     assert report == {str(b): [name, [b, 32, 64], [b, 64]] for b in (1, 5, 16)}
+    decoder = json.loads(env.script(DECODER, env=no_compiler_env(tmp_path)).stdout)
+    assert decoder.pop("loaded") == "<compiled model 'gpt2' from gpt2/cpu-avx2.py>"
+    assert decoder == {f"{b}x{s}": ["CausalLMOutputWithCrossAttentions", [b, s, 1000]] for b, s in ((1, 4), (3, 17), (8, 96))}
+    plain = json.loads(env.script(PLAIN, env=no_compiler_env(tmp_path)).stdout)
+    assert plain == ["dict", ["last_hidden_state", "pooler_output"], False, False]
     assert not (tmp_path / "compiler-used").exists()

@@ -10,9 +10,10 @@ its outputs with the artifact's (bit for bit) and eager's (within tolerance).
 The rewrite, on the module's syntax tree (never on guessed text patterns):
 - drops the leading docstring (compile-time autotuning notes) and the benchmark
   harness (`get_args`, `benchmark_compiled_module`, the `__main__` block);
-- drops the compiler imports; the loader binds `AsyncCompile` and
-  `extern_kernels` (`runtime/_torch_private.py`, `LEAN_BINDINGS`); the other
-  three names must be unused;
+- drops the compiler imports; the loader binds `AsyncCompile`,
+  `extern_kernels` and (torch >= 2.14) `assert_tensor_metadata`
+  (`runtime/_torch_private.py`, `LEAN_BINDINGS`); the other three names must be
+  unused;
 - replaces each `async_compile.cpp_pybinding(argtypes, source)` with
   `shipped_kernel("<key>")`, the key of a kernel this compile built.
 """
@@ -36,6 +37,9 @@ _COMPILER_IMPORTS = {
     "torch._inductor.codegen.memory_planning": {"_align": False},
     "torch._inductor.async_compile": {"AsyncCompile": True},
     "torch._inductor.select_algorithm": {"extern_kernels": True},
+    # torch >= 2.14: size, stride and dtype check of a fallback op's output
+    # (e.g. CPU flash attention); the loader binds its own copy.
+    "torch._inductor.runtime.runtime_utils": {"assert_tensor_metadata": True},
 }
 _PLAIN_IMPORTS = {"torch", "math", "cmath", "random", "os", "tempfile", "ctypes"}
 _BENCHMARK_HARNESS = {"get_args", "benchmark_compiled_module"}
@@ -72,6 +76,8 @@ def rewrite(source: str, built_kernels: set[str], title: str) -> LeanModule:
             for alias in statement.names:
                 if alias.name not in known:
                     raise LeanRefused(f"it imports {alias.name} from {statement.module}")
+                if known[alias.name] and alias.asname not in (None, alias.name):
+                    raise LeanRefused(f"it imports {alias.name} from {statement.module} as {alias.asname}")
                 if not known[alias.name]:
                     unbound.add(alias.asname or alias.name)
             edits.append((statement, ""))
@@ -109,7 +115,8 @@ def rewrite(source: str, built_kernels: set[str], title: str) -> LeanModule:
     header = (
         f"# {title}: inductor's output module, in the lean form written by hatch-precompile {__version__}.\n"
         "# The build removed the autotuning notes, the benchmark harness and the compiler imports;\n"
-        "# the loader binds AsyncCompile and extern_kernels, and shipped_kernel(key) loads kernels/<key>.so.\n"
+        "# the loader binds AsyncCompile, extern_kernels and assert_tensor_metadata,\n"
+        "# and shipped_kernel(key) loads kernels/<key>.so.\n"
     )
     return LeanModule(header + text.strip() + "\n", sorted(extern), kernels)
 

@@ -153,7 +153,7 @@ def wrapper_work(exported: torch.export.ExportedProgram) -> str:
         return "it carries effect tokens (ops with side effects)"
     nodes = list(exported.graph_module.graph.nodes)
     for node in nodes:
-        if node.op == "call_function" and torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()):
+        if node.op == "call_function" and _draws_random_numbers(node):
             return f"it draws random numbers ({node.target})"
     placeholders = [n.meta.get("val") for n in nodes if n.op == "placeholder"]
     outputs = [n.meta.get("val") if isinstance(n, torch.fx.Node) else n for n in nodes[-1].args[0]]
@@ -172,6 +172,20 @@ def wrapper_work(exported: torch.export.ExportedProgram) -> str:
             return f"output {index} is a view of another output"
         seen.add(storage)
     return ""
+
+
+def _draws_random_numbers(node: torch.fx.Node) -> bool:
+    """Whether an op call draws random numbers. Attention ops are tagged random for
+    their dropout, which a call with dropout_p=0 (every model in eval mode) never runs."""
+    if torch.Tag.nondeterministic_seeded not in getattr(node.target, "tags", ()):
+        return False
+    schema = getattr(node.target, "_schema", None)
+    names = [argument.name for argument in schema.arguments] if schema is not None else []
+    if "dropout_p" not in names:
+        return True
+    index = names.index("dropout_p")
+    dropout = node.args[index] if index < len(node.args) else node.kwargs.get("dropout_p", 0.0)
+    return dropout != 0
 
 
 def extern_kernel_is_torch_function(name: str) -> bool:

@@ -1,9 +1,10 @@
-"""A BERT-style encoder from transformers, from a small config with fixed weights."""
+"""A BERT-style encoder and a GPT-2 style decoder from transformers, from small
+configs with fixed weights."""
 
 from __future__ import annotations
 
 import torch
-from transformers import BertConfig, BertModel
+from transformers import BertConfig, BertModel, GPT2Config, GPT2LMHeadModel
 
 CONFIG = BertConfig(
     vocab_size=1000,
@@ -20,3 +21,22 @@ def build_bert() -> BertModel:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         return BertModel(CONFIG).eval()
+
+
+GPT2_CONFIG = GPT2Config(
+    vocab_size=1000,
+    n_embd=64,
+    n_layer=3,
+    n_head=4,
+    n_positions=128,
+    use_cache=False,  # outputs are the logits only, no key/value cache object
+    attn_implementation="sdpa",
+)
+
+
+def build_gpt2() -> GPT2LMHeadModel:
+    """A GPT-2 style decoder (causal attention, input and output embeddings tied),
+    weights from seed 0."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return GPT2LMHeadModel(GPT2_CONFIG).eval()

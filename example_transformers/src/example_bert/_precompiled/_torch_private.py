@@ -32,8 +32,11 @@ What it relies on (measured on torch 2.13):
   Python that defines `call(args) -> tuple` (it empties the list it is given).
   Its only compiler imports are `AsyncCompile` (its `cpp_pybinding` returns the
   kernels, `wait(globals())` waits for them) and `extern_kernels` (matrix products,
-  which are the torch functions of the same name), plus three names that are
-  unused unless optional inductor features are on. The build rewrites those
+  which are the torch functions of the same name), from torch 2.14 on
+  `torch._inductor.runtime.runtime_utils.assert_tensor_metadata` (the dtype,
+  size and stride check of a fallback op's output; `assert_tensor_metadata`
+  below is a copy), plus three names that are unused unless optional inductor
+  features are on. The build rewrites those
   imports and each `cpp_pybinding` call (`hatch_precompile/lean.py`); the loader
   binds the names in `LEAN_BINDINGS`. Everything else the module uses comes from
   `import torch` itself (`torch._C._dynamo.guards` helpers, `torch.ops.inductor`).
@@ -65,6 +68,7 @@ LEAN_BINDINGS = (
     "AsyncCompile",  # async_compile = AsyncCompile(); async_compile.wait(globals())
     "extern_kernels",  # extern_kernels.addmm(..., out=buf): torch.addmm
     "shipped_kernel",  # name = shipped_kernel("<key>"): written by the build for each cpp_pybinding
+    "assert_tensor_metadata",  # torch >= 2.14: checks a fallback op's output (assert_tensor_metadata below)
 )
 
 
@@ -174,6 +178,19 @@ class _ReadyKernels:
         pass
 
 
+def assert_tensor_metadata(tensor: Any, expected_size: tuple, expected_stride: tuple, expected_dtype: Any, op_name: str | None = None) -> None:
+    """inductor's `torch._inductor.runtime.runtime_utils.assert_tensor_metadata`
+    (torch 2.14, 2.15), without importing inductor: a fallback op's output has the
+    dtype, sizes and strides the compile expected."""
+    import torch
+
+    if tensor is None:
+        return
+    if tensor.dtype != expected_dtype:
+        raise RuntimeError(f"expected dtype {expected_dtype} but got {tensor.dtype}" + (f"\nError in op: {op_name}" if op_name else ""))
+    torch._C._dynamo.guards.assert_size_stride(tensor, expected_size, expected_stride, op_name)
+
+
 def run_lean_module(source: str, filename: str, extern_kernels: list[str], kernel: Callable[[str], Any]) -> Callable[[list[Any]], tuple]:
     """Execute a lean module's source with the loader's bindings; return its `call`.
     `kernel(key)` gives a shipped kernel's entry function; `extern_kernels` names
@@ -186,6 +203,7 @@ def run_lean_module(source: str, filename: str, extern_kernels: list[str], kerne
         "AsyncCompile": _ReadyKernels,
         "extern_kernels": SimpleNamespace(**{name: getattr(torch, name) for name in extern_kernels}),
         "shipped_kernel": kernel,
+        "assert_tensor_metadata": assert_tensor_metadata,
     }
     exec(compile(source, filename, "exec"), namespace)
     return namespace["call"]
