@@ -1,29 +1,51 @@
 #!/usr/bin/env bash
 # Developer entry point. On a fresh machine:
-#   ./dev.sh demo   build the example wheel with the hook, install it in a fresh
-#                   environment, and time the compiled encoder against eager
-#   ./dev.sh test   run the test suite (what CI runs)
-#   ./dev.sh bench  the cold-start benchmark (benchmarks/cold_start.py)
-# TORCH_REQUIREMENT picks the torch for the dev environment (default torch==2.13.0).
+#   ./dev.sh demo          build the example wheel with the hook, install it in a fresh
+#                          environment, and time the compiled encoder against eager
+#   ./dev.sh test          what CI runs: the test suite on the default torch, then the
+#                          release leg on every other supported torch release
+#   ./dev.sh test ARGS     the test suite only, with pytest ARGS (e.g. -m "not e2e")
+#   ./dev.sh leg RELEASE   the release leg on torch==RELEASE: the tests marked
+#                          `release` (torch assumptions, example wheel end to end)
+#   ./dev.sh bench [ARGS]  the cold-start benchmark (benchmarks/cold_start.py)
+# TORCH_REQUIREMENT picks the torch for demo, test and bench (default torch==2.13.0);
+# each torch gets its own environment (.venv for the default, .venv-torch-X.Y.Z else).
 set -euo pipefail
 cd "$(dirname "$0")"
 PYTHON=${PYTHON:-python3}
-TORCH_REQUIREMENT=${TORCH_REQUIREMENT:-torch==2.13.0}
+DEFAULT_TORCH=torch==2.13.0
+OTHER_RELEASES="2.14.1 2.15.0"  # the other supported releases, each tested by a leg
+TORCH_REQUIREMENT=${TORCH_REQUIREMENT:-$DEFAULT_TORCH}
+
+venv_for() {  # venv_for <torch requirement>: its environment's folder
+  if [ "$1" = "$DEFAULT_TORCH" ]; then echo .venv; else echo ".venv-${1//[^A-Za-z0-9.]/-}"; fi
+}
+VENV=$(venv_for "$TORCH_REQUIREMENT")
+DEMO=".demo${VENV#.venv}"
 
 setup() {
-  if [ ! -x .venv/bin/python ]; then
-    "$PYTHON" -m venv .venv
+  if [ ! -x "$VENV/bin/python" ]; then
+    "$PYTHON" -m venv "$VENV"
   fi
-  .venv/bin/python -m pip install --disable-pip-version-check -q "$TORCH_REQUIREMENT"
-  .venv/bin/python -m pip install --disable-pip-version-check -q -e '.[test]'
+  if [ "$TORCH_REQUIREMENT" != "$DEFAULT_TORCH" ]; then
+    # Exactly the release asked for: lift a pip constraints file that caps torch
+    # below it (this project's machines cap torch at 2.14.1). Exported, so that
+    # the isolated builds and fresh environments the tests make get it too.
+    export PIP_CONSTRAINT=/dev/null
+  fi
+  "$VENV/bin/python" -m pip install --disable-pip-version-check -q "$TORCH_REQUIREMENT"
+  "$VENV/bin/python" -m pip install --disable-pip-version-check -q -e '.[test]'
 }
 
-build_example_wheel() {  # build_example_wheel <project folder>: its wheel into .demo/dist
-  # python -m build with isolation, as a user would; hatch-precompile comes from
-  # .demo/wheelhouse. The full log is kept in .demo/<folder>-build.log.
-  local log=".demo/$1-build.log"
-  if ! PIP_FIND_LINKS="$PWD/.demo/wheelhouse ${PIP_FIND_LINKS:-}" \
-      .venv/bin/python -m build --wheel --outdir .demo/dist "$1" >"$log" 2>&1; then
+build_example_wheel() {  # build_example_wheel <project folder>: its wheel into $DEMO/dist
+  # python -m build with isolation, as a user would, from a copy whose build
+  # requirement pins the torch in use; hatch-precompile comes from $DEMO/wheelhouse.
+  # The full log is kept in $DEMO/<folder>-build.log.
+  local log="$DEMO/$1-build.log" copy="$DEMO/src/$1"
+  mkdir -p "$DEMO/src" && cp -r "$1" "$copy" && rm -rf "$copy/dist"
+  sed -i "s/\"$DEFAULT_TORCH\"/\"$TORCH_REQUIREMENT\"/" "$copy/pyproject.toml"
+  if ! PIP_FIND_LINKS="$PWD/$DEMO/wheelhouse ${PIP_FIND_LINKS:-}" \
+      "$VENV/bin/python" -m build --wheel --outdir "$DEMO/dist" "$copy" >"$log" 2>&1; then
     tail -n 40 "$log" >&2
     echo "building $1 failed; full log: $log" >&2
     exit 1
@@ -33,44 +55,60 @@ build_example_wheel() {  # build_example_wheel <project folder>: its wheel into 
 
 install_example() {
   setup
-  rm -rf .demo && mkdir -p .demo
+  rm -rf "$DEMO" && mkdir -p "$DEMO"
   echo "== building hatch-precompile's wheel"
-  .venv/bin/python -m build -q --wheel --no-isolation --outdir .demo/wheelhouse . >/dev/null 2>&1
+  "$VENV/bin/python" -m build -q --wheel --no-isolation --outdir "$DEMO/wheelhouse" . >/dev/null 2>&1
   echo "== building the example wheel (python -m build, isolated; the hook compiles the encoder)"
   build_example_wheel example_project
   echo "== installing it into a fresh environment"
-  .venv/bin/python -m venv .demo/venv
-  .demo/venv/bin/python -m pip install --disable-pip-version-check -q .demo/dist/example_pkg-*.whl
+  "$VENV/bin/python" -m venv "$DEMO/venv"
+  "$DEMO/venv/bin/python" -m pip install --disable-pip-version-check -q "$DEMO"/dist/example_pkg-*.whl
 }
 
-install_transformers_example() {  # after install_example: adds example_bert (and transformers) to .demo/venv
+install_transformers_example() {  # after install_example: adds example_bert (and transformers) to $DEMO/venv
   echo "== building the transformers example wheel (isolated; transformers enters the build environment, the hook compiles its models)"
   build_example_wheel example_transformers
   echo "== installing it (transformers comes with it) into the same environment"
-  .demo/venv/bin/python -m pip install --disable-pip-version-check -q .demo/dist/example_bert-*.whl
+  "$DEMO/venv/bin/python" -m pip install --disable-pip-version-check -q "$DEMO"/dist/example_bert-*.whl
 }
 
 demo() {
   install_example
   echo "== first output in fresh processes"
-  .demo/venv/bin/python scripts/first_output.py
+  "$DEMO/venv/bin/python" scripts/first_output.py
 }
 
 bench() {
   install_example
-  install_transformers_example
+  if [[ " $* " != *" --models encoder "* ]]; then
+    install_transformers_example
+  fi
   echo "== benchmark (several minutes: torch.compile runs cold once per run and model)"
-  .demo/venv/bin/python benchmarks/cold_start.py "$@"
+  "$DEMO/venv/bin/python" benchmarks/cold_start.py "$@"
 }
 
 test_suite() {
   setup
-  .venv/bin/python -m pytest "$@"
+  "$VENV/bin/python" -m pytest "$@"
+}
+
+leg() {  # leg <release>: the release-marked tests under torch==<release>
+  echo "== release leg: torch==$1"
+  TORCH_REQUIREMENT="torch==$1" "$0" test -m release
 }
 
 case "${1:-}" in
   demo) demo ;;
-  test) shift; test_suite "$@" ;;
+  test)
+    shift
+    if [ $# -gt 0 ]; then
+      test_suite "$@"
+    else
+      test_suite
+      for release in $OTHER_RELEASES; do leg "$release"; done
+    fi
+    ;;
+  leg) leg "${2:?usage: ./dev.sh leg RELEASE, e.g. 2.15.0}" ;;
   bench) shift; bench "$@" ;;
-  *) echo "usage: ./dev.sh demo | ./dev.sh test [pytest args] | ./dev.sh bench [benchmark args]" >&2; exit 2 ;;
+  *) echo "usage: ./dev.sh demo | test [pytest args] | leg RELEASE | bench [benchmark args]" >&2; exit 2 ;;
 esac

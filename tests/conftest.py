@@ -95,6 +95,17 @@ def reseal(manifest_path: Path, manifest: dict) -> None:
     (manifest_path.parent / "_build.py").write_text(f'MANIFEST_SHA256 = "{hashlib.sha256(data).hexdigest()}"\n')
 
 
+def pin_build_torch(pyproject: Path) -> None:
+    """Pin the example's build requirement to the torch release under test (the
+    example pins 2.13.0, this repository's default; a release leg runs another)."""
+    import torch
+
+    release = torch.__version__.split("+")[0]
+    text = pyproject.read_text()
+    assert '"torch==2.13.0"' in text, "the example's build requirement changed: update pin_build_torch"
+    pyproject.write_text(text.replace('"torch==2.13.0"', f'"torch=={release}"'))
+
+
 @dataclass
 class Venv:
     path: Path
@@ -136,6 +147,7 @@ def example_build(tmp_path_factory: pytest.TempPathFactory, wheelhouse: Path) ->
     """`python -m build` of the example project, with build isolation: sdist, then wheel from the sdist."""
     project = tmp_path_factory.mktemp("example") / "example_project"
     shutil.copytree(EXAMPLE, project, ignore=shutil.ignore_patterns("dist", "__pycache__"))
+    pin_build_torch(project / "pyproject.toml")
     result = run([sys.executable, "-m", "build", str(project)], env=with_find_links(wheelhouse))
     (sdist,) = (project / "dist").glob("*.tar.gz")
     (wheel,) = (project / "dist").glob("*.whl")

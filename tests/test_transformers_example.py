@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, make_venv, no_compiler_env, run, with_find_links
+from conftest import REPO, make_venv, no_compiler_env, pin_build_torch, run, with_find_links
 
 pytestmark = pytest.mark.e2e
 
@@ -69,16 +69,17 @@ print(json.dumps([type(out).__name__, sorted(out), "transformers" in sys.modules
 def test_bert_and_gpt2_from_transformers_round_trip(wheelhouse: Path, tmp_path: Path) -> None:
     project = tmp_path / "example_transformers"
     shutil.copytree(REPO / "example_transformers", project, ignore=shutil.ignore_patterns("dist", "__pycache__"))
+    pin_build_torch(project / "pyproject.toml")
     run([sys.executable, "-m", "build", "--wheel", str(project)], env=with_find_links(wheelhouse))
     (wheel,) = (project / "dist").glob("*.whl")
     env = make_venv(tmp_path / "venv")
     env.pip(str(wheel))
     report = json.loads(env.script(COMPARE, env=no_compiler_env(tmp_path)).stdout)
-    assert report.pop("loaded") == "<compiled model 'bert' from bert/cpu-avx2.py>"
+    assert report.pop("loaded") == "<compiled model 'bert' from bert/cpu_avx2.py>"
     name = "BaseModelOutputWithPoolingAndCrossAttentions"
     assert report == {str(b): [name, [b, 32, 64], [b, 64]] for b in (1, 5, 16)}
     decoder = json.loads(env.script(DECODER, env=no_compiler_env(tmp_path)).stdout)
-    assert decoder.pop("loaded") == "<compiled model 'gpt2' from gpt2/cpu-avx2.py>"
+    assert decoder.pop("loaded") == "<compiled model 'gpt2' from gpt2/cpu_avx2.py>"
     assert decoder == {f"{b}x{s}": ["CausalLMOutputWithCrossAttentions", [b, s, 1000]] for b, s in ((1, 4), (3, 17), (8, 96))}
     plain = json.loads(env.script(PLAIN, env=no_compiler_env(tmp_path)).stdout)
     assert plain == ["dict", ["last_hidden_state", "pooler_output"], False, False]
