@@ -18,11 +18,14 @@ def test_the_wheel_pins_the_build_torch_release_without_its_local_label() -> Non
     assert runtime_requirements() == [f"torch=={torch.__version__.split('+')[0]}", "safetensors>=0.4"]
 
 
-def test_the_tag_is_this_interpreter_with_torchs_platform() -> None:
+def test_the_tag_is_this_interpreter_with_the_stricter_of_torchs_platform_and_the_kernels() -> None:
     python = f"cp{sys.version_info.major}{sys.version_info.minor}"
-    interpreter, abi, platform = wheel_tag().split("-")
+    interpreter, abi, platform = wheel_tag([]).split("-")
     assert (interpreter, abi) == (python, python)
     assert platform.endswith("x86_64") or platform.endswith("aarch64")
+    assert wheel_tag(["manylinux_2_17_x86_64"]) == wheel_tag([])
+    if platform.startswith("manylinux_2_28_"):
+        assert wheel_tag(["manylinux_2_17_x86_64", "manylinux_2_38_x86_64"]).endswith("-manylinux_2_38_x86_64")
 
 
 @pytest.mark.parametrize("package", ["example_project/src/example_pkg", "example_transformers/src/example_bert"])
@@ -34,20 +37,20 @@ def test_the_examples_vendor_this_versions_loader(package: str) -> None:
 
 def test_assembly_records_sizes_hashes_and_the_manifest_digest(tmp_path: Path) -> None:
     (tmp_path / "m" / "kernels").mkdir(parents=True)
-    files = {"m/cpu-avx2.bin": b"artifact", "m/cpu-avx2.py": b"lean", "m/weights.safetensors": b"weights", "m/kernels/k1.so": b"kernel"}
+    files = {"m/cpu_avx2.bin": b"artifact", "m/cpu_avx2.py": b"lean", "m/weights.safetensors": b"weights", "m/kernels/k_k1.so": b"kernel"}
     for name, data in files.items():
         (tmp_path / name).write_bytes(data)
     entry = {
         "weights": {"file": "weights.safetensors", "order": []},
-        "artifacts": [{"file": "cpu-avx2.bin", "kernels": ["k1"], "lean": {"file": "cpu-avx2.py", "extern_kernels": []}}],
+        "artifacts": [{"file": "cpu_avx2.bin", "kernels": ["k1"], "lean": {"file": "cpu_avx2.py", "extern_kernels": []}}],
     }
     shipped = assemble(tmp_path, "pkg", {"m": "eager"}, {"m": entry})
     manifest_bytes = (tmp_path / "manifest.json").read_bytes()
     manifest = json.loads(manifest_bytes)["models"]["m"]
     assert manifest["fallback"] == "eager"
     assert manifest["artifacts"][0]["sha256"] == hashlib.sha256(b"artifact").hexdigest()
-    assert manifest["artifacts"][0]["lean"] == {"file": "m/cpu-avx2.py", "extern_kernels": [], "size": 4, "sha256": hashlib.sha256(b"lean").hexdigest()}
-    assert manifest["kernels"]["k1"] == {"file": "m/kernels/k1.so", "size": 6, "sha256": hashlib.sha256(b"kernel").hexdigest()}
+    assert manifest["artifacts"][0]["lean"] == {"file": "m/cpu_avx2.py", "extern_kernels": [], "size": 4, "sha256": hashlib.sha256(b"lean").hexdigest()}
+    assert manifest["kernels"]["k1"] == {"file": "m/kernels/k_k1.so", "size": 6, "sha256": hashlib.sha256(b"kernel").hexdigest()}
     assert manifest["weights"]["size"] == len(b"weights")
     digest = hashlib.sha256(manifest_bytes).hexdigest()
     assert f'MANIFEST_SHA256 = "{digest}"' in (tmp_path / BUILD_MODULE).read_text()

@@ -92,7 +92,7 @@ def test_best_variant_loads_without_a_compiler_and_matches_eager(reduce_venv: Ve
     result = load(reduce_venv, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     best = "avx512" if HOST_HAS_AVX512 else "avx2"
-    assert json.loads(result.stdout)["loaded"] == f"<compiled model 'reductions' from reductions/cpu-{best}.py>"
+    assert json.loads(result.stdout)["loaded"] == f"<compiled model 'reductions' from reductions/cpu_{best}.py>"
     assert not (tmp_path / "compiler-used").exists()
     assert not (tmp_path / "cache").exists() and not (tmp_path / "inductor").exists()  # the lean form writes nothing
 
@@ -100,21 +100,21 @@ def test_best_variant_loads_without_a_compiler_and_matches_eager(reduce_venv: Ve
 def test_aten_cpu_capability_downgrade_is_honoured(reduce_venv: Venv, tmp_path: Path) -> None:
     result = load(reduce_venv, tmp_path, ATEN_CPU_CAPABILITY="avx2")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "cpu-avx2.py" in json.loads(result.stdout)["loaded"]
+    assert "cpu_avx2.py" in json.loads(result.stdout)["loaded"]
 
 
 def test_no_variant_for_a_cpu_without_avx2_falls_back_with_the_reason(reduce_venv: Venv, tmp_path: Path) -> None:
     result = load(reduce_venv, tmp_path, ATEN_CPU_CAPABILITY="default")
     assert result.returncode == 1
     assert "PrecompiledModelError: model 'reductions': no shipped artifact fits this process" in result.stderr
-    assert "reductions/cpu-avx2.bin was built with torch " in result.stderr
+    assert "reductions/cpu_avx2.bin was built with torch " in result.stderr
     assert "for avx2: torch runs DEFAULT kernels here, not AVX2 (see ATEN_CPU_CAPABILITY)" in result.stderr
     assert "with DEFAULT kernels and CPU features: " in result.stderr and not (tmp_path / "compiler-used").exists()
 
 
 def test_a_variant_is_forced_by_environment_variable(reduce_venv: Venv, tmp_path: Path) -> None:
     result = load(reduce_venv, tmp_path, HATCH_PRECOMPILE_CPU_TARGET="avx2")
-    assert "cpu-avx2.py" in json.loads(result.stdout)["loaded"]
+    assert "cpu_avx2.py" in json.loads(result.stdout)["loaded"]
     result = load(reduce_venv, tmp_path, HATCH_PRECOMPILE_CPU_TARGET="avx1024")
     assert "HATCH_PRECOMPILE_CPU_TARGET=avx1024 but the shipped CPU targets are: " in result.stderr
 
@@ -138,7 +138,7 @@ def test_a_variant_needing_missing_cpu_features_is_never_loaded(reduce_venv: Ven
         (manifest_path.parent / relative).write_bytes(b"not an artifact")
     result = load(reduce_venv, tmp_path, PYTHONPATH=str(site))
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "cpu-avx2.py" in json.loads(result.stdout)["loaded"]
+    assert "cpu_avx2.py" in json.loads(result.stdout)["loaded"]
 
 
 def test_a_missing_kernel_is_an_error_naming_it_not_a_compile(reduce_venv: Venv, tmp_path: Path) -> None:
@@ -151,7 +151,7 @@ def test_a_missing_kernel_is_an_error_naming_it_not_a_compile(reduce_venv: Venv,
     (site / "reducepkg/_precompiled" / model["kernels"][key]["file"]).unlink()
     result = load(reduce_venv, tmp_path, PYTHONPATH=str(site))
     assert result.returncode == 1
-    assert "PrecompiledIntegrityError" in result.stderr and f"kernels/{key}.so is missing" in result.stderr
+    assert "PrecompiledIntegrityError" in result.stderr and f"kernels/k_{key}.so is missing" in result.stderr
     assert not (tmp_path / "compiler-used").exists()
 
 

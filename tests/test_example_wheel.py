@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import EXAMPLE, REPO, ExampleBuild, Venv, no_compiler_env, run, with_find_links
+from conftest import EXAMPLE, REPO, ExampleBuild, Venv, no_compiler_env, pin_build_torch, run, with_find_links
 from hatch_precompile.assemble import RUNTIME_FILES
 
 pytestmark = pytest.mark.e2e
@@ -64,6 +64,7 @@ def _metadata(text: str) -> list[str]:
     return Parser().parsestr(text).get_all("Requires-Dist") or []
 
 
+@pytest.mark.release
 def test_wheel_is_tagged_for_this_python_and_torch_platform(example_build: ExampleBuild) -> None:
     tag = example_build.wheel.name.removesuffix(".whl").split("-", 2)[2]
     torch_wheel_info = importlib.metadata.distribution("torch").read_text("WHEEL")
@@ -75,6 +76,7 @@ def test_wheel_is_tagged_for_this_python_and_torch_platform(example_build: Examp
     assert "Root-Is-Purelib: false" in wheel_info
 
 
+@pytest.mark.release
 def test_wheel_holds_loader_manifest_artifact_and_weights(example_build: ExampleBuild) -> None:
     with zipfile.ZipFile(example_build.wheel) as wheel:
         names = set(wheel.namelist())
@@ -92,8 +94,8 @@ def test_wheel_holds_loader_manifest_artifact_and_weights(example_build: Example
     (artifact,) = encoder["artifacts"]
     assert artifact["built_with"]["torch"] == torch.__version__
     assert artifact["built_with"]["python"] == f"{sys.version_info.major}.{sys.version_info.minor}"
-    assert artifact["device"] == "cpu" and artifact["file"] == "encoder/cpu-avx2.bin"
-    assert artifact["lean"]["file"] == "encoder/cpu-avx2.py" and artifact["lean"]["extern_kernels"] == ["addmm"]
+    assert artifact["device"] == "cpu" and artifact["file"] == "encoder/cpu_avx2.bin"
+    assert artifact["lean"]["file"] == "encoder/cpu_avx2.py" and artifact["lean"]["extern_kernels"] == ["addmm"]
     assert artifact["cpu_target"] == "avx2" and artifact["aten_capability"] == "AVX2"
     assert set(artifact["kernels"]) == set(encoder["kernels"]) and len(artifact["kernels"]) >= 1
     assert encoder["inputs"]["leaves"] == [{"name": "input_ids", "dtype": "int64", "device": "cpu", "shape": ["batch", 64], "layout": "contiguous"}]
@@ -116,18 +118,20 @@ def test_wheel_and_sdist_pin_the_same_torch_release(example_build: ExampleBuild)
     assert compiled == []
 
 
+@pytest.mark.release
 def test_build_reports_progress_per_model_and_step(example_build: ExampleBuild) -> None:
     assert f"compiling with torch {torch.__version__}; the wheel requires {TORCH_PIN}" in example_build.log
     for step in ("built the module", "captured with torch.export (dynamic dims)", "compiled for avx2 (dynamic dims) and checked against eager"):
         assert f"precompile: encoder: {step} (" in example_build.log
 
 
+@pytest.mark.release
 @pytest.mark.parametrize(
     ("form", "loaded", "compiler"),
     [
-        ("auto", "encoder/cpu-avx2.py", []),
-        ("lean", "encoder/cpu-avx2.py", []),
-        ("artifact", "encoder/cpu-avx2.bin", ["torch._dynamo", "torch._inductor"]),
+        ("auto", "encoder/cpu_avx2.py", []),
+        ("lean", "encoder/cpu_avx2.py", []),
+        ("artifact", "encoder/cpu_avx2.bin", ["torch._dynamo", "torch._inductor"]),
     ],
 )
 def test_compiled_encoder_matches_eager_in_both_forms_with_no_compiler(
@@ -143,6 +147,7 @@ def test_compiled_encoder_matches_eager_in_both_forms_with_no_compiler(
     }
 
 
+@pytest.mark.release
 def test_the_lean_form_writes_nothing_to_disk(deploy_venv: Venv, tmp_path: Path) -> None:
     env = no_compiler_env(tmp_path)
     deploy_venv.script("import torch\nfrom example_pkg import load_compiled\nload_compiled('encoder')(torch.zeros(2, 64, dtype=torch.long))", env=env)
@@ -276,3 +281,36 @@ def test_hatch_build_uses_the_pinned_torch_and_compiles(wheelhouse: Path, tmp_pa
     assert manifest["models"]["encoder"]["artifacts"][0]["built_with"]["torch"] == torch.__version__
     assert TORCH_PIN in requires
     assert "precompile: encoder: done in" in result.stderr + result.stdout
+
+
+def test_the_wheel_passes_check_wheel_contents_and_twine_check(example_build: ExampleBuild) -> None:
+    bin_dir = Path(sys.executable).parent
+    contents = run([str(bin_dir / "check-wheel-contents"), str(example_build.wheel)], check=False)
+    assert contents.returncode == 0, contents.stdout + contents.stderr
+    assert "OK" in contents.stdout
+    twine = run([str(bin_dir / "twine"), "check", "--strict", str(example_build.wheel), str(example_build.sdist)], check=False)
+    assert twine.returncode == 0, twine.stdout + twine.stderr
+
+
+def test_builds_from_other_folders_and_from_the_sdist_by_pip_give_byte_identical_wheels(
+    example_build: ExampleBuild, wheelhouse: Path, tmp_path: Path
+) -> None:
+    """Reproducible wheels: a direct wheel build of the project from another folder,
+    and what pip does for a user who installs from the sdist (an isolated build
+    with the sdist's own pins), both equal the session's sdist -> wheel build to
+    the byte: no build path, temporary folder or compile time is recorded."""
+    project = tmp_path / "elsewhere" / "example_project"
+    shutil.copytree(EXAMPLE, project, ignore=shutil.ignore_patterns("dist", "__pycache__"))
+    pin_build_torch(project / "pyproject.toml")
+    run([sys.executable, "-m", "build", "--wheel", "--outdir", str(tmp_path / "direct"), str(project)], env=with_find_links(wheelhouse))
+    run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "pip"), str(example_build.sdist)],
+        env=with_find_links(wheelhouse),
+    )
+    for folder in ("direct", "pip"):
+        (wheel,) = (tmp_path / folder).glob("*.whl")
+        with zipfile.ZipFile(wheel) as built, zipfile.ZipFile(example_build.wheel) as reference:
+            assert built.namelist() == reference.namelist()
+            differing = [name for name in reference.namelist() if built.read(name) != reference.read(name)]
+        assert differing == [], (folder, differing)
+        assert wheel.read_bytes() == example_build.wheel.read_bytes(), folder

@@ -6,7 +6,9 @@ environment, damages or edits the copy the way a real fault would, and loads it
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import shutil
 import stat
 import subprocess
@@ -69,7 +71,7 @@ def assert_refused(result: subprocess.CompletedProcess[str], *phrases: str) -> N
 def test_the_copy_loads_when_untouched(deploy_venv: Venv, package: Path, form: str) -> None:
     result = run_copy(deploy_venv, package, HATCH_PRECOMPILE_FORM=form)
     assert result.returncode == 0, result.stderr[-2000:]
-    loaded = "encoder/cpu-avx2.py" if form == "lean" else "encoder/cpu-avx2.bin"
+    loaded = "encoder/cpu_avx2.py" if form == "lean" else "encoder/cpu_avx2.bin"
     assert f"<compiled model 'encoder' from {loaded}>" in result.stdout
 
 
@@ -185,9 +187,9 @@ except _precompiled.PrecompiledModelError:
 
 def test_explain_names_the_variant_and_form_that_would_load(deploy_venv: Venv, package: Path) -> None:
     code = "from example_pkg import load_compiled\nprint(load_compiled.explain())"
-    assert run_copy(deploy_venv, package, code).stdout.strip() == "encoder: would load encoder/cpu-avx2.py (lean form) for CPU target avx2"
+    assert run_copy(deploy_venv, package, code).stdout.strip() == "encoder: would load encoder/cpu_avx2.py (lean form) for CPU target avx2"
     assert run_copy(deploy_venv, package, code, **ARTIFACT_FORM).stdout.strip() == (
-        "encoder: would load encoder/cpu-avx2.bin (artifact form; HATCH_PRECOMPILE_FORM=artifact) for CPU target avx2"
+        "encoder: would load encoder/cpu_avx2.bin (artifact form; HATCH_PRECOMPILE_FORM=artifact) for CPU target avx2"
     )
 
 
@@ -195,7 +197,7 @@ def test_explain_names_the_variant_and_form_that_would_load(deploy_venv: Venv, p
 def test_loading_works_under_python_dash_o(deploy_venv: Venv, package: Path, form: str) -> None:
     result = run_copy(deploy_venv, package, options=("-O",), HATCH_PRECOMPILE_FORM=form)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert f"<compiled model 'encoder' from encoder/cpu-avx2.{'py' if form == 'lean' else 'bin'}> torch.Size([2, 64])" in result.stdout
+    assert f"<compiled model 'encoder' from encoder/cpu_avx2.{'py' if form == 'lean' else 'bin'}> torch.Size([2, 64])" in result.stdout
 
 
 @pytest.mark.parametrize("form", ["lean", "artifact"])
@@ -243,3 +245,35 @@ def test_processes_loading_at_once_with_a_shared_empty_cache_all_succeed(deploy_
     outputs = [p.communicate(timeout=300) for p in processes]
     assert [p.returncode for p in processes] == [0, 0, 0, 0], [err[-1000:] for _, err in outputs]
     assert all("torch.Size([2, 64])" in out for out, _ in outputs)
+
+
+def test_kernels_needing_a_newer_glibc_fall_back_before_any_native_code_loads(deploy_venv: Venv, package: Path) -> None:
+    manifest = manifest_of(package)
+    (artifact,) = manifest["models"]["encoder"]["artifacts"]
+    artifact["native"]["glibc"] = "2.99"
+    reseal(package / "manifest.json", manifest)
+    for record in manifest["models"]["encoder"]["kernels"].values():  # never opened: a wreck proves it
+        (package / record["file"]).write_bytes(b"not a kernel")
+    result = run_copy(deploy_venv, package, LOAD + "from example_pkg import load_compiled\nprint(load_compiled.explain())")
+    assert result.returncode == 0, result.stderr[-2000:]
+    glibc = os.confstr("CS_GNU_LIBC_VERSION").split()[1]
+    assert "<eager fallback TextEncoder>" in result.stdout
+    assert f"for avx2: its kernels need glibc 2.99, this system has {glibc}" in result.stdout
+    assert "PrecompiledFallbackWarning" in result.stderr and "its kernels need glibc 2.99" in result.stderr
+
+
+def test_a_kernel_the_dynamic_loader_refuses_falls_back_per_policy(deploy_venv: Venv, package: Path) -> None:
+    """A kernel that passes its hash but cannot be loaded (here: not an ELF file,
+    as a damaged system library would make it) is a fallback, never a crash."""
+    manifest = manifest_of(package)
+    model = manifest["models"]["encoder"]
+    record = model["kernels"][model["artifacts"][0]["kernels"][0]]
+    (package / record["file"]).write_bytes(b"not a kernel")
+    record.update(size=12, sha256=hashlib.sha256(b"not a kernel").hexdigest())
+    reseal(package / "manifest.json", manifest)
+    eager = run_copy(deploy_venv, package)
+    assert eager.returncode == 0, eager.stderr[-2000:]
+    assert "<eager fallback TextEncoder>" in eager.stdout
+    assert "a shipped kernel could not be loaded here" in eager.stderr
+    refused = run_copy(deploy_venv, package, HATCH_PRECOMPILE_FALLBACK="error")
+    assert_refused(refused, "PrecompiledModelError", "a shipped kernel could not be loaded here")

@@ -155,8 +155,8 @@ def test_buckets_dispatch_on_the_exact_size_and_refuse_others(forms: Venv, tmp_p
             report["3"] = str(error)
     """)
     assert report == {
-        "2": "buckets/cpu-avx2-batch2.py",
-        "4": "buckets/cpu-avx2-batch4.py",
+        "2": "buckets/cpu_avx2_batch2.py",
+        "4": "buckets/cpu_avx2_batch4.py",
         "3": "model 'buckets': dim 'batch' is 3, but it was compiled only for the sizes [2, 4]",
     }
 
@@ -174,7 +174,7 @@ def test_buckets_with_a_range_use_the_dynamic_artifact_between_buckets(forms: Ve
         except ValueError as error:
             report["9"] = str(error)
     """)
-    dynamic, bucket = "buckets_and_range/cpu-avx2.py", "buckets_and_range/cpu-avx2-batch4.py"
+    dynamic, bucket = "buckets_and_range/cpu_avx2.py", "buckets_and_range/cpu_avx2_batch4.py"
     assert report == {
         "1": dynamic,
         "3": dynamic,
@@ -275,7 +275,7 @@ def test_images_in_any_layout_give_eagers_result_in_both_forms(forms: Venv, tmp_
         report["loaded"] = repr(model)
     """, HATCH_PRECOMPILE_FORM=form)
     suffix = "bin" if form == "artifact" else "py"
-    assert report.pop("loaded") == f"<compiled model 'conv' from conv/cpu-avx2.{suffix}>"
+    assert report.pop("loaded") == f"<compiled model 'conv' from conv/cpu_avx2.{suffix}>"
     assert report == {"contiguous": [2, 8], "channels_last": [2, 8], "strided": [2, 8], "expanded": [4, 8], "permuted": [2, 8]}
 
 
@@ -289,7 +289,7 @@ def test_a_graph_returning_a_view_of_its_input_ships_the_artifact_form_and_says_
         report["explain"] = load_compiled.explain("returns_its_input")
     """)
     assert report["explain"] == (
-        "returns_its_input: would load returns_its_input/cpu-avx2.bin (artifact form; "
+        "returns_its_input: would load returns_its_input/cpu_avx2.bin (artifact form; "
         "the build refused the lean form: output 1 is an input or a view of one) for CPU target avx2"
     )
     lean_only = forms.script(
@@ -298,4 +298,4 @@ def test_a_graph_returning_a_view_of_its_input_ships_the_artifact_form_and_says_
         check=False,
     )
     assert "PrecompiledModelError: model 'returns_its_input': no shipped artifact fits this process" in lean_only.stderr
-    assert "HATCH_PRECOMPILE_FORM=lean but the build refused the lean form of returns_its_input/cpu-avx2.bin: output 1 is" in lean_only.stderr
+    assert "HATCH_PRECOMPILE_FORM=lean but the build refused the lean form of returns_its_input/cpu_avx2.bin: output 1 is" in lean_only.stderr

@@ -21,8 +21,9 @@ from torch import nn
 
 from hatch_precompile import lean, torch_internals
 from hatch_precompile.runtime import _torch_private
-from hatch_precompile.runtime._lean import make_runner
 from hatch_precompile.runtime._torch_private import ArtifactFormatError
+
+pytestmark = pytest.mark.release
 
 
 class Small(nn.Module):
@@ -224,8 +225,8 @@ def test_the_lean_module_runs_in_a_fresh_process_without_the_compiler_and_equals
     kernels = {key: str(compiled.kernels[key]) for key in module.kernels}
     script = f"""
 import json, sys, torch
-from hatch_precompile.runtime._lean import make_runner
 from pathlib import Path
+from hatch_precompile.runtime._lean import make_runner
 data = torch.load({str(tmp_path / 'data.pt')!r}, weights_only=True)
 kernels = {{k: Path(v) for k, v in {kernels!r}.items()}}
 run = make_runner(Path({str(tmp_path / 'small.py')!r}).read_text(), "small.py", kernels, {module.extern_kernels!r}, [])
@@ -354,3 +355,20 @@ def test_attention_counts_as_random_only_with_dropout() -> None:
         with_dropout = torch_internals.decompose(torch.export.export(Attention(0.5), (x,)))
     assert torch_internals.wrapper_work(without) == ""
     assert torch_internals.wrapper_work(with_dropout).startswith("it draws random numbers")
+
+
+def test_the_hooks_reproducible_builds_rely_on(compiled) -> None:
+    """What torch_internals changes so that a build does not record its own paths
+    and timings (the end-to-end proof is two byte-identical wheels)."""
+    import inspect
+
+    from torch._dynamo.repro import after_aot
+    from torch._inductor import config
+
+    assert "stable_output" in inspect.signature(after_aot.save_graph_repro).parameters
+    assert hasattr(config, "cpp_cache_precompile_headers")
+    entry = compiled.artifact.inner_fn.compiled_fn.serialize()
+    assert isinstance(entry.forward_time_taken_ns, int) and hasattr(entry, "backward_time_taken_ns")
+    assert all("stack_trace" not in node.meta for node in compiled.exported.graph_module.graph.nodes)
+    for path in compiled.kernels.values():
+        assert str(compiled.cache) not in path.read_bytes().decode("latin-1")

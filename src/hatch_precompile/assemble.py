@@ -17,6 +17,7 @@ from packaging.tags import sys_tags
 from packaging.version import Version
 
 from . import __version__
+from .native import stricter_platform
 from .runtime import MANIFEST_FORMAT
 
 RUNTIME_DIR = Path(__file__).parent / "runtime"
@@ -24,8 +25,14 @@ RUNTIME_DIR = Path(__file__).parent / "runtime"
 RUNTIME_FILES = tuple(sorted(path.name for path in RUNTIME_DIR.glob("*.py")))
 PRECOMPILED_DIR = "_precompiled"
 BUILD_MODULE = "_build.py"  # generated per build: the manifest's digest
-KERNELS_DIR = "kernels"  # per model: the compiled kernels, <key>.so
+KERNELS_DIR = "kernels"  # per model: the compiled kernels, k_<key>.so
 SAFETENSORS_REQUIREMENT = "safetensors>=0.4"
+
+
+def kernel_file(key: str) -> str:
+    """A kernel's file name: an identifier, so that every shipped file lies at an
+    importable path (what check-wheel-contents' W004 asks of extension modules)."""
+    return f"k_{key}.so"
 
 
 def torch_version() -> str:
@@ -39,10 +46,14 @@ def runtime_requirements() -> list[str]:
     return [f"torch=={Version(torch_version()).public}", SAFETENSORS_REQUIREMENT]
 
 
-def wheel_tag() -> str:
-    """This interpreter's tag with torch's platform tag: the artifacts run where that torch runs."""
+def wheel_tag(kernel_policies: list[str]) -> str:
+    """This interpreter's tag with the stricter of torch's platform tag and what the
+    kernels need from the system (their manylinux policies, see native.py)."""
     interpreter = next(iter(sys_tags()))
-    return f"{interpreter.interpreter}-{interpreter.abi}-{_torch_platform_tag() or interpreter.platform}"
+    platform = _torch_platform_tag() or interpreter.platform
+    for policy in kernel_policies:
+        platform = stricter_platform(platform, policy)
+    return f"{interpreter.interpreter}-{interpreter.abi}-{platform}"
 
 
 def _torch_platform_tag() -> str | None:
@@ -78,7 +89,7 @@ def assemble(staging: Path, package: str, fallback: dict[str, str], entries: dic
         entry["artifacts"] = [_artifact_record(model, model_dir, a) for a in entry["artifacts"]]
         kernel_keys = sorted({key for a in entry["artifacts"] for key in a["kernels"]})
         entry["kernels"] = {
-            key: {"file": f"{model}/{KERNELS_DIR}/{key}.so", **file_record(model_dir / KERNELS_DIR / f"{key}.so")}
+            key: {"file": f"{model}/{KERNELS_DIR}/{kernel_file(key)}", **file_record(model_dir / KERNELS_DIR / kernel_file(key))}
             for key in kernel_keys
         }
         models[model] = entry

@@ -3,7 +3,7 @@
 Runs in the compile worker. Writes into `out_dir` the weights (the compiled graph
 takes parameters, buffers and constants as call arguments, so they are stored
 once, as safetensors), one artifact per shape variant and CPU target, and the
-compiled kernels each artifact loads (`kernels/<key>.so`, shared between
+compiled kernels each artifact loads (`kernels/k_<key>.so`, shared between
 artifacts when identical), and describes them for the manifest.
 """
 
@@ -18,11 +18,12 @@ from typing import Any
 
 import torch
 
-from .assemble import KERNELS_DIR
+from .assemble import KERNELS_DIR, kernel_file
 from .capture import Captured, _torch_error
 from .errors import ModelBuildError
 from . import torch_internals
 from .lean import LeanCandidate, LeanRefused, rewrite
+from .native import UnprovidedLibraryError, read_needs, system_needs, torch_libraries
 from .targets import CPU_TARGETS, CpuTarget, features_from_flags, is_x86_64
 
 WEIGHTS_FILE = "weights.safetensors"
@@ -154,9 +155,15 @@ def compile_for_target(
     kernels_dir = out_dir / KERNELS_DIR
     kernels_dir.mkdir(exist_ok=True)
     for key, path in kernel_files.items():
-        shutil.copyfile(path, kernels_dir / f"{key}.so")
-    shape_suffix = "".join(f"-{dim}{size}" for dim, size in sorted(fixed.items()))
-    artifact_file = out_dir / f"cpu-{target.name}{shape_suffix}.bin"
+        shutil.copyfile(path, kernels_dir / kernel_file(key))
+    try:
+        needs = system_needs([read_needs(kernels_dir / kernel_file(key)) for key in kernel_files], torch_libraries())
+    except UnprovidedLibraryError as error:
+        raise ModelBuildError(name, "checking the compiled kernels' native dependencies", str(error)) from None
+    # cpu_avx2.bin, cpu_avx2_batch8.bin: identifiers, so that the lean modules
+    # (cpu_avx2.py) lie at importable paths, as packaging checkers expect.
+    shape_suffix = "".join(f"_{dim}{size}" for dim, size in sorted(fixed.items()))
+    artifact_file = out_dir / f"cpu_{target.name}{shape_suffix}.bin"
     torch_internals.save_artifact(artifact, str(artifact_file))
     entry = {
         "file": artifact_file.name,
@@ -167,6 +174,7 @@ def compile_for_target(
         "aten_capability": target.aten_capability,
         "vector_isa": isa,
         "kernels": sorted(kernel_files),
+        "native": needs.manifest(),
         "built_with": build_environment(),
     }
     candidate = _lean_candidate(model, captured, artifact, entry, [*weights, *flat_inputs], compiled_out, out_dir)

@@ -116,7 +116,7 @@ def rewrite(source: str, built_kernels: set[str], title: str) -> LeanModule:
         f"# {title}: inductor's output module, in the lean form written by hatch-precompile {__version__}.\n"
         "# The build removed the autotuning notes, the benchmark harness and the compiler imports;\n"
         "# the loader binds AsyncCompile, extern_kernels and assert_tensor_metadata,\n"
-        "# and shipped_kernel(key) loads kernels/<key>.so.\n"
+        "# and shipped_kernel(key) loads kernels/k_<key>.so.\n"
     )
     return LeanModule(header + text.strip() + "\n", sorted(extern), kernels)
 

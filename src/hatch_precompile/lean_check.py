@@ -21,9 +21,10 @@ from typing import Any
 def check(module: dict[str, Any], kernels_dir: Path) -> str:
     import torch
 
+    from .assemble import kernel_file
     from .runtime._lean import make_runner
 
-    kernels = {key: kernels_dir / f"{key}.so" for key in module["kernels"]}
+    kernels = {key: kernels_dir / kernel_file(key) for key in module["kernels"]}
     path = Path(module["file"])
     run = make_runner(path.read_text(encoding="utf-8"), str(path), kernels, module["extern_kernels"], module["inputs_to_check"])
     data = torch.load(module["data"], weights_only=True)

@@ -63,7 +63,7 @@ class PrecompileBuildHook(BuildHookInterface):
             self._remove_staging()
             raise
         build_data["pure_python"] = False
-        build_data["tag"] = wheel_tag()
+        build_data["tag"] = wheel_tag([a["native"]["policy"] for entry in entries.values() for a in entry["artifacts"]])
 
     def finalize(self, version: str, build_data: dict[str, Any], artifact_path: str) -> None:
         self._remove_staging()

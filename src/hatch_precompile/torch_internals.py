@@ -30,12 +30,25 @@ What it relies on (measured on torch 2.13):
   names the vector ISA a compile targets, with the compiler flags it adds.
 - `torch.utils._pytree.tree_leaves` flattens in the order export's call spec
   uses, and its `TreeSpec` exposes `type`, `context`, `is_leaf()` and `children()`.
+- Reproducible builds. In an artifact, node `meta["stack_trace"]` (source
+  paths) only feeds messages and the debug strings it pickles; the repro script
+  `compile_fx` writes with `after_aot.save_graph_repro` copies the environment
+  (`TORCHINDUCTOR_CACHE_DIR`) unless `stable_output=True`; the AOTAutograd entry
+  (`inner_fn.compiled_fn.serialize()`) records the compile's duration in
+  `forward_time_taken_ns` and `backward_time_taken_ns`. In a kernel, `__FILE__`
+  names torch's headers and the source file, which the cache names by a hash of
+  the command line (absolute paths); `extra_flags` reach every compiler call but
+  the precompiled header's (`config.cpp_cache_precompile_headers`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
+import functools
 import inspect
+import os
+import shlex
 from typing import Any, Callable, Iterator
 
 import torch
@@ -56,23 +69,48 @@ def compile_exported(exported: torch.export.ExportedProgram, inductor_config: di
     Returns the AOTCompiledArtifact. Exactly the export Dims stay dynamic.
     """
     graph_module = exported.graph_module
+    for node in graph_module.graph.nodes:
+        node.meta.pop("stack_trace", None)  # source paths, which the artifact would keep
     fake_inputs = [node.meta["val"] for node in graph_module.graph.nodes if node.op == "placeholder"]
     output_node = next(iter(reversed(graph_module.graph.nodes)))
     for node in output_node.args[0]:
         if isinstance(node, torch.fx.Node) and "val" in node.meta:
             node.meta["example_value"] = node.meta["val"]
-    with torch.no_grad():
-        return torch._inductor.standalone_compile(
-            graph_module,
-            fake_inputs,
-            dynamic_shapes="from_graph",
-            options={"config_patches": dict(inductor_config)},
-            aot=True,
-        )
+    from torch._dynamo.repro import after_aot
+
+    original = after_aot.save_graph_repro
+    # The repro script the artifact keeps would copy the environment (the cache's path).
+    after_aot.save_graph_repro = functools.partial(original, stable_output=True)
+    try:
+        with torch.no_grad():
+            return torch._inductor.standalone_compile(
+                graph_module,
+                fake_inputs,
+                dynamic_shapes="from_graph",
+                # A precompiled header is built without the kernels' `extra_flags`
+                # (`_without_build_paths`), so it would keep torch's path in `__FILE__`.
+                options={"config_patches": {**inductor_config, "cpp_cache_precompile_headers": False}},
+                aot=True,
+            )
+    finally:
+        after_aot.save_graph_repro = original
 
 
 def save_artifact(artifact: Any, path: str) -> None:
-    artifact.save(path=path, format="binary")
+    """Save with the compile's duration, which the AOTAutograd entry records, as 0."""
+    compiled = artifact.inner_fn.compiled_fn
+    entry_of = compiled.serialize
+
+    def entry_without_timings() -> Any:
+        entry = copy.copy(entry_of())
+        entry.forward_time_taken_ns = entry.backward_time_taken_ns = 0
+        return entry
+
+    compiled.serialize = entry_without_timings
+    try:
+        artifact.save(path=path, format="binary")
+    finally:
+        compiled.serialize = entry_of
 
 
 def torch_key() -> bytes:
@@ -93,8 +131,9 @@ def captured_kernels() -> Iterator[dict[str, Callable[[], str]]]:
     built: dict[str, Callable[[], str]] = {}
 
     def record(loader_cls: Any, *args: Any, **kwargs: Any) -> Callable[[], Any]:
-        key = kernel_key(bind_arguments(signature, loader_cls, args, kwargs))
-        get_entry = original(loader_cls, *args, **kwargs)
+        arguments = bind_arguments(signature, loader_cls, args, kwargs)
+        key = kernel_key(arguments)
+        get_entry = original(**_without_build_paths(arguments, key))
         built[key] = lambda: get_entry().__self__.__file__  # the entry function's module
         return get_entry
 
@@ -103,6 +142,20 @@ def captured_kernels() -> Iterator[dict[str, Callable[[], str]]]:
         yield built
     finally:
         cls.load_pybinding_async = classmethod(original)
+
+
+def _without_build_paths(arguments: dict[str, Any], key: str) -> dict[str, Any]:
+    """`load_pybinding_async` arguments that build the same kernel with no path of
+    this build in it: `__FILE__` of torch's headers relative to torch, the source's
+    `__FILE__` named after the kernel's key (the cache names the file by a hash of
+    the command line, which holds absolute paths), and no symbol table or debug
+    info (they name that file and the cache)."""
+    flags = (shlex.quote(f"-ffile-prefix-map={os.path.dirname(torch.__file__)}=torch"), "-s")
+    arguments = {**arguments, "extra_flags": (*arguments["extra_flags"], *flags)}
+    arguments["main_code"] = f'#line 1 "{key}.cpp"\n' + arguments["main_code"]
+    if arguments["kernel_code"] is not None:
+        arguments["kernel_code"] = f'#line 1 "{key}.kernel.cpp"\n' + arguments["kernel_code"]
+    return arguments
 
 
 def pybinding_kernel_key(argtypes: list[str], source: str) -> str:

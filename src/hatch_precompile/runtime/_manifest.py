@@ -188,6 +188,7 @@ def _choose(model: dict[str, Any]) -> tuple[list[Choice], str]:
             problems.append(f"CPU lacks {', '.join(missing)}")
         if _aten_level(first["aten_capability"]) > _aten_level(here["aten_capability"]):
             problems.append(f"torch runs {here['aten_capability']} kernels here, not {first['aten_capability']} (see ATEN_CPU_CAPABILITY)")
+        problems += native_problems(first["native"])
         refused = [a for a in artifacts if "file" not in a["lean"]]
         if form == "lean" and refused:
             problems.append(f"{FORM_VARIABLE}=lean but the build refused the lean form of {refused[0]['file']}: {refused[0]['lean']['refused']}")
@@ -203,6 +204,45 @@ def _choose(model: dict[str, Any]) -> tuple[list[Choice], str]:
         f"{here['platform']} with {here['aten_capability']} kernels and CPU features: {found}"
     )
     return [], f"no shipped artifact fits this process: {'; '.join(reasons)}; {running}"
+
+
+def native_problems(native: dict[str, Any]) -> list[str]:
+    """What the kernels need from the system (recorded by the build from their ELF
+    files) that this system lacks: a newer glibc, or a libstdc++ without a symbol
+    version they use. Decided before any kernel is loaded."""
+    problems = []
+    glibc = _running_glibc()
+    if native["glibc"] and (glibc is None or _numbers(glibc) < _numbers(native["glibc"])):
+        problems.append(f"its kernels need glibc {native['glibc']}, this system has {glibc or 'no glibc'}")
+    if native["glibcxx"]:
+        library = _loaded_libstdcxx()
+        if library is not None and f"GLIBCXX_{native['glibcxx']}\0".encode() not in library.read_bytes():
+            problems.append(f"its kernels need libstdc++ with GLIBCXX_{native['glibcxx']}, the loaded {library} lacks it")
+    return problems
+
+
+def _numbers(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split(".") if part.isdigit())
+
+
+def _running_glibc() -> str | None:
+    try:
+        return (os.confstr("CS_GNU_LIBC_VERSION") or "").partition(" ")[2] or None  # "glibc 2.36"
+    except (ValueError, OSError):
+        return None
+
+
+def _loaded_libstdcxx() -> Path | None:
+    """The libstdc++ this process has loaded (torch loads it), from /proc/self/maps."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None
+    for line in maps.splitlines():
+        path = line.split(maxsplit=5)[-1]
+        if "/libstdc++.so" in path:
+            return Path(path)
+    return None
 
 
 def _aten_level(capability: str) -> int:

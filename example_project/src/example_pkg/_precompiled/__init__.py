@@ -13,7 +13,7 @@ standard library only (safetensors when a model ships its weights).
 Beside these files, in a built wheel: `manifest.json` (what was compiled, for
 which torch, Python, platform and CPU, with file sizes and sha256) and one
 folder per model holding, per CPU target and shape variant, the
-AOTCompiledArtifact (`cpu-avx2.bin`), inductor's output module (`cpu-avx2.py`,
+AOTCompiledArtifact (`cpu_avx2.bin`), inductor's output module (`cpu_avx2.py`,
 the "lean form", where the build could check it runs on its own), the compiled
 kernels both use (`kernels/*.so`) and the weights.
 
@@ -103,9 +103,12 @@ def load_compiled(
                 raise PrecompiledModelError(unavailable(name, model.reason))
             return model
         how = plan(name)
-        if how.choices:
-            if name not in _variants:
+        if how.choices and name not in _variants:
+            try:
                 _variants[name] = _Variants(name, how.model, how.choices)
+            except (ImportError, OSError) as error:  # the dynamic loader refused a shipped kernel
+                how = Plan(how.model, [], f"a shipped kernel could not be loaded here: {error}")
+        if how.choices:
             weights = bind_weights(name, how.model, state_dict, module)
             classes = (outputs or how.model["outputs_form"]) == "classes"
             model = CompiledModel(name, how.model, _variants[name], weights, classes)
