@@ -42,6 +42,13 @@ def data_dependent():
     return DataDependent()
 
 
+def slow_doubler():
+    import time
+
+    time.sleep(120)  # long enough to be interrupted in the middle of the build, whatever the machine's load
+    return Doubler()
+
+
 def not_a_module():
     return "a string"
 '''
@@ -202,7 +209,7 @@ def _processes(*needles: str) -> set[int]:
 
 
 def test_interrupting_a_build_leaves_no_child_processes_and_no_scratch(tmp_path: Path) -> None:
-    project = make_project(tmp_path, MODEL.format(factory="mypkg.models:doubler"))
+    project = make_project(tmp_path, MODEL.format(factory="mypkg.models:slow_doubler"))
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     children = ("hatch_precompile.worker", "compile_worker")
@@ -220,7 +227,7 @@ def test_interrupting_a_build_leaves_no_child_processes_and_no_scratch(tmp_path:
     assert _processes("hatch_precompile.worker") - already_running, "the compile worker never started"
     (staging,) = [p for p in scratch.iterdir() if p.name.startswith("hatch-precompile-")]
     assert staging.stat().st_mode & 0o777 == 0o700  # private, with an unpredictable name
-    time.sleep(1)  # let it get into torch
+    time.sleep(2)  # let it get into torch and the factory
     os.killpg(build.pid, signal.SIGINT)
     assert build.wait(timeout=60) != 0
     deadline = time.monotonic() + 15
