@@ -220,6 +220,9 @@ def test_interrupting_a_build_leaves_no_child_processes_and_no_scratch(tmp_path:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,  # its own process group, as a terminal's Ctrl-C would reach
+        # A terminal's Ctrl-C: SIGINT as a shell started in the background (CI's, say)
+        # would otherwise pass it on, ignored.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 120
     while not _processes("hatch_precompile.worker") - already_running and time.monotonic() < deadline:
