@@ -18,7 +18,8 @@ OTHER_RELEASES="2.14.1 2.15.0"  # the other supported releases, each tested by a
 TORCH_REQUIREMENT=${TORCH_REQUIREMENT:-$DEFAULT_TORCH}
 
 venv_for() {  # venv_for <torch requirement>: its environment's folder
-  if [ "$1" = "$DEFAULT_TORCH" ]; then echo .venv; else echo ".venv-${1//[^A-Za-z0-9.]/-}"; fi
+  local name=${1//==/-}
+  if [ "$1" = "$DEFAULT_TORCH" ]; then echo .venv; else echo ".venv-${name//[^A-Za-z0-9.-]/-}"; fi
 }
 VENV=$(venv_for "$TORCH_REQUIREMENT")
 DEMO=".demo${VENV#.venv}"
