@@ -372,3 +372,9 @@ def test_the_hooks_reproducible_builds_rely_on(compiled) -> None:
     assert all("stack_trace" not in node.meta for node in compiled.exported.graph_module.graph.nodes)
     for path in compiled.kernels.values():
         assert str(compiled.cache) not in path.read_bytes().decode("latin-1")
+
+
+def test_the_loader_binds_exactly_the_names_the_build_leaves_unbound() -> None:
+    source = "def call(args):\n    return sorted(name for name in globals() if not name.startswith('__') and name != 'call')\n"
+    call = _torch_private.run_lean_module(source, "made-up.py", [], lambda key: None)
+    assert call([]) == sorted(_torch_private.LEAN_BINDINGS)

@@ -29,17 +29,19 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__, torch_internals
+from .runtime._torch_private import LEAN_BINDINGS
 
-# The compiler imports inductor writes, by module: name -> whether the loader binds it.
+# The compiler imports inductor writes, by module. The loader binds the names in
+# LEAN_BINDINGS; the others must be unused.
 _COMPILER_IMPORTS = {
-    "torch._inductor.hooks": {"run_intermediate_hooks": False},
-    "torch._inductor.utils": {"maybe_profile": False},
-    "torch._inductor.codegen.memory_planning": {"_align": False},
-    "torch._inductor.async_compile": {"AsyncCompile": True},
-    "torch._inductor.select_algorithm": {"extern_kernels": True},
+    "torch._inductor.hooks": {"run_intermediate_hooks"},
+    "torch._inductor.utils": {"maybe_profile"},
+    "torch._inductor.codegen.memory_planning": {"_align"},
+    "torch._inductor.async_compile": {"AsyncCompile"},
+    "torch._inductor.select_algorithm": {"extern_kernels"},
     # torch >= 2.14: size, stride and dtype check of a fallback op's output
     # (e.g. CPU flash attention); the loader binds its own copy.
-    "torch._inductor.runtime.runtime_utils": {"assert_tensor_metadata": True},
+    "torch._inductor.runtime.runtime_utils": {"assert_tensor_metadata"},
 }
 _PLAIN_IMPORTS = {"torch", "math", "cmath", "random", "os", "tempfile", "ctypes"}
 _BENCHMARK_HARNESS = {"get_args", "benchmark_compiled_module"}
@@ -72,14 +74,13 @@ def rewrite(source: str, built_kernels: set[str], title: str) -> LeanModule:
         elif isinstance(statement, ast.If) and "__main__" in ast.unparse(statement.test):
             edits.append((statement, ""))
         elif isinstance(statement, ast.ImportFrom) and statement.module in _COMPILER_IMPORTS:
-            known = _COMPILER_IMPORTS[statement.module]
             for alias in statement.names:
-                if alias.name not in known:
+                if alias.name not in _COMPILER_IMPORTS[statement.module]:
                     raise LeanRefused(f"it imports {alias.name} from {statement.module}")
-                if known[alias.name] and alias.asname not in (None, alias.name):
-                    raise LeanRefused(f"it imports {alias.name} from {statement.module} as {alias.asname}")
-                if not known[alias.name]:
+                if alias.name not in LEAN_BINDINGS:
                     unbound.add(alias.asname or alias.name)
+                elif alias.asname not in (None, alias.name):
+                    raise LeanRefused(f"it imports {alias.name} from {statement.module} as {alias.asname}")
             edits.append((statement, ""))
     removed = {id(node) for node, _ in edits}
     kernels: list[str] = []
@@ -115,7 +116,7 @@ def rewrite(source: str, built_kernels: set[str], title: str) -> LeanModule:
     header = (
         f"# {title}: inductor's output module, in the lean form written by hatch-precompile {__version__}.\n"
         "# The build removed the autotuning notes, the benchmark harness and the compiler imports;\n"
-        "# the loader binds AsyncCompile, extern_kernels and assert_tensor_metadata,\n"
+        f"# the loader binds {', '.join(name for name in LEAN_BINDINGS if name != 'shipped_kernel')},\n"
         "# and shipped_kernel(key) loads kernels/k_<key>.so.\n"
     )
     return LeanModule(header + text.strip() + "\n", sorted(extern), kernels)

@@ -200,6 +200,7 @@ def run_lean_module(source: str, filename: str, extern_kernels: list[str], kerne
     namespace: dict[str, Any] = {
         "__name__": f"hatch_precompile_lean_{hashlib.sha256(filename.encode()).hexdigest()[:12]}",
         "__file__": filename,
+        # exactly LEAN_BINDINGS, which the build leaves unbound (a test holds them equal)
         "AsyncCompile": _ReadyKernels,
         "extern_kernels": SimpleNamespace(**{name: getattr(torch, name) for name in extern_kernels}),
         "shipped_kernel": kernel,

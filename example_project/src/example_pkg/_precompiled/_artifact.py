@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator
 
 from . import _torch_private
 from ._errors import PrecompiledIntegrityError, PrecompiledModelError
-from ._manifest import HERE, verified_bytes, verified_path
+from ._manifest import HERE, verified_bytes, verified_kernels
 
 CACHE_DIR_VARIABLE = "HATCH_PRECOMPILE_CACHE_DIR"  # where loading may write (default ~/.cache/hatch-precompile)
 
@@ -28,7 +28,7 @@ def load(name: str, model: dict[str, Any], artifact: dict[str, Any]) -> Callable
     """Verify an artifact and its kernels, then unpickle it with the shipped kernels;
     returns a function of the graph's flat inputs (weights, then user inputs)."""
     data = verified_bytes(artifact)
-    kernels = {key: verified_path(model["kernels"][key]) for key in artifact["kernels"]}
+    kernels = verified_kernels(model, artifact)
     try:
         key, payload = _torch_private.split_artifact(data)
     except _torch_private.ArtifactFormatError as error:

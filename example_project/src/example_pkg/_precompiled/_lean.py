@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from . import _torch_private
 from ._errors import PrecompiledIntegrityError
-from ._manifest import HERE, verified_bytes, verified_path
+from ._manifest import HERE, verified_bytes, verified_kernels
 
 
 def load(name: str, model: dict[str, Any], artifact: dict[str, Any]) -> Callable[[list[Any]], Any]:
@@ -23,7 +23,7 @@ def load(name: str, model: dict[str, Any], artifact: dict[str, Any]) -> Callable
     function of the graph's flat inputs (weights, then user inputs)."""
     lean = artifact["lean"]
     source = verified_bytes(lean).decode("utf-8")
-    kernels = {key: verified_path(model["kernels"][key]) for key in artifact["kernels"]}
+    kernels = verified_kernels(model, artifact)
     try:
         return make_runner(source, str(HERE / lean["file"]), kernels, lean["extern_kernels"], lean["inputs_to_check"])
     except KeyError as error:

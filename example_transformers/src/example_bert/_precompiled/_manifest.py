@@ -6,6 +6,7 @@ and no native code is loaded for an artifact that does not fit this process.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -132,6 +133,11 @@ def verified_path(record: dict[str, Any]) -> Path:
     return path
 
 
+def verified_kernels(model: dict[str, Any], artifact: dict[str, Any]) -> dict[str, Path]:
+    """The artifact's kernels by key, each file checked against the manifest."""
+    return {key: verified_path(model["kernels"][key]) for key in artifact["kernels"]}
+
+
 def _check_digest(path: Path, size: int, sha256: str, record: dict[str, Any]) -> None:
     if size != record["size"] or sha256 != record["sha256"]:
         raise PrecompiledIntegrityError(
@@ -214,11 +220,21 @@ def native_problems(native: dict[str, Any]) -> list[str]:
     glibc = _running_glibc()
     if native["glibc"] and (glibc is None or _numbers(glibc) < _numbers(native["glibc"])):
         problems.append(f"its kernels need glibc {native['glibc']}, this system has {glibc or 'no glibc'}")
-    if native["glibcxx"]:
-        library = _loaded_libstdcxx()
-        if library is not None and f"GLIBCXX_{native['glibcxx']}\0".encode() not in library.read_bytes():
-            problems.append(f"its kernels need libstdc++ with GLIBCXX_{native['glibcxx']}, the loaded {library} lacks it")
+    lacking = _libstdcxx_lacking(native["glibcxx"]) if native["glibcxx"] else None
+    if lacking is not None:
+        problems.append(f"its kernels need libstdc++ with GLIBCXX_{native['glibcxx']}, the loaded {lacking} lacks it")
     return problems
+
+
+@functools.cache
+def _libstdcxx_lacking(version: str) -> Path | None:
+    """The loaded libstdc++ if it does not define GLIBCXX_<version>, else None (also
+    when none is found). Cached: every model and CPU target asks, and the library
+    a process has loaded does not change."""
+    library = _loaded_libstdcxx()
+    if library is not None and f"GLIBCXX_{version}\0".encode() not in library.read_bytes():
+        return library
+    return None
 
 
 def _numbers(version: str) -> tuple[int, ...]:
