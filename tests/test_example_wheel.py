@@ -89,7 +89,7 @@ def test_wheel_holds_loader_manifest_artifact_and_weights(example_build: Example
             data = wheel.read(PRECOMPILED + record["file"])
             assert len(data) == record["size"]
             assert hashlib.sha256(data).hexdigest() == record["sha256"]
-        assert wheel.read(PRECOMPILED + "__init__.py") == (REPO / "src/hatch_precompile/runtime/__init__.py").read_bytes()
+        assert wheel.read(PRECOMPILED + "__init__.py") == (REPO / "hatch_precompile/runtime/__init__.py").read_bytes()
 
     (artifact,) = encoder["artifacts"]
     assert artifact["built_with"]["torch"] == torch.__version__
