@@ -16,8 +16,9 @@ from typing import Any
 
 import torch
 
+from .config import TABLE
 from .errors import ModelBuildError
-from .torch_internals import decompose, tree_leaves, tree_map, treespec_to_json
+from .torch_internals import DimFix, constraint_fixes, decompose, tree_leaves, tree_map, treespec_to_json
 
 
 @dataclass
@@ -115,12 +116,17 @@ def capture(model: dict[str, Any], module: torch.nn.Module, fixed: dict[str, int
         )
     except TypeError as error:
         raise ModelBuildError(name, "matching inputs to forward()", f"the declared inputs do not fit forward(): {error}") from None
+    dynamic_shapes = dict(bound.arguments) or None
     try:
         with torch.no_grad():
-            exported = torch.export.export(module, args, kwargs, dynamic_shapes=dict(bound.arguments) or None)
+            exported = torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes)
             exported = decompose(exported)
     except Exception as error:
-        raise ModelBuildError(name, "capturing with torch.export", _torch_error(error)) from None
+        fixes = constraint_fixes(error, dynamic_shapes)
+        message = _torch_error(error)
+        if fixes:
+            message = f"{_violations(model, fixes)}\n\ntorch's message:\n{message}"
+        raise ModelBuildError(name, "capturing with torch.export", message) from None
 
     input_tree = treespec_to_json(exported.call_spec.in_spec)
     positional = [p.name for p in signature.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
@@ -283,6 +289,71 @@ def _dims_from_axes(model: dict[str, Any], args: tuple, kwargs: dict) -> tuple[l
                 )
             (arg_dims[which] if isinstance(which, int) else kwarg_dims[which])[axis] = dim
     return arg_dims, kwarg_dims
+
+
+def _violations(model: dict[str, Any], fixes: dict[str, DimFix]) -> str:
+    """A constraint violation in the configuration's words: for each declared dim
+    that cannot be dynamic over its range, the range as configured, the sizes
+    torch found the model works for, and what to change. torch's own text speaks
+    of guards and `Dim`s, which the user never wrote."""
+    items = []
+    for dim, fix in fixes.items():
+        spec = model["dims"][dim]
+        found, advice = _finding(dim, spec, fix, by_axes=bool(model["example_inputs"]))
+        path = f"{TABLE}.models.{model['name']}.dims.{dim}"
+        items.append(f"  - {path} = {_declared(spec)}: torch.export found that {found}.\n    {advice}")
+    if len(items) == 1:
+        return "a declared dim cannot be dynamic over its range:\n" + items[0]
+    return f"{len(items)} declared dims cannot be dynamic over their ranges:\n" + "\n".join(items)
+
+
+def _finding(dim: str, spec: dict[str, Any], fix: DimFix, by_axes: bool) -> tuple[str, str]:
+    """(what torch found, what to do) for one dim, in the configuration's terms.
+    Models with `example-inputs` cannot declare buckets, so they are told to make
+    the dim static instead."""
+    fix_model = f"or fix the model so that it does not depend on the size of {dim}"
+    if fix.base is not None:
+        related = _linear(fix.scale, fix.base, fix.offset)
+        advice = f"Use one dim for both (`{related}` in place of `{dim}`)" if related == fix.base else (
+            "Dims cannot be tied to each other: make one of them static"
+        )
+        return f"the model only works when {dim} == {related}", f"{advice}, {fix_model}."
+    step = max(fix.scale, 1)  # a constant (scale 0) is a range of one size
+    lowest = max(spec["min"], fix.scale * fix.low + fix.offset)
+    highest = min(spec["max"], fix.scale * fix.high + fix.offset)
+    sizes = range(lowest + (fix.offset - lowest) % step, highest + 1, step)
+    static = f"Make it static by removing `{dim}` from dims" if by_axes else ""
+    if len(sizes) <= 1:
+        found = f"the model only works when {dim} == {sizes[0]}" if sizes else f"no size of {dim} in that range works"
+        bucket = f"Declare that size as a bucket: `{dim} = [{sizes[0]}]` (a static artifact)" if sizes else "Change the range"
+        return found, f"{static or bucket}, {fix_model}."
+    if step == 1:
+        narrow = f"min = {sizes[0]}, max = {sizes[-1]}"
+        advice = f"Narrow the range to {narrow}" if by_axes else (
+            f"Narrow the range: `{dim} = {{ {narrow} }}`, declare `buckets` for the sizes the model supports"
+        )
+        return f"the model only works for {dim} in [{sizes[0]}, {sizes[-1]}]", f"{advice}, {fix_model}."
+    listed = ", ".join(map(str, sizes)) if len(sizes) <= 8 else f"{sizes[0]}, {sizes[1]}, ..., {sizes[-1]}"
+    buckets = ", ".join(map(str, sizes if len(sizes) <= 8 else sizes[:4]))
+    found = f"the model only works when {dim} % {step} == {fix.offset % step} (sizes {listed} in the declared range)"
+    bucket = f"Declare the sizes the model supports as buckets, e.g. `{dim} = [{buckets}]` (a static artifact each)"
+    return found, f"{static or bucket}, {fix_model}."
+
+
+def _linear(scale: int, base: str, offset: int) -> str:
+    """`scale * base + offset` as torch writes a derived dim: `4*batch - 3`, `batch + 1`."""
+    term = base if scale == 1 else f"{scale}*{base}"
+    return term if offset == 0 else f"{term} {'+' if offset > 0 else '-'} {abs(offset)}"
+
+
+def _declared(spec: dict[str, Any]) -> str:
+    """A dim's declaration as written in the configuration (its inline-table form)."""
+    parts = [f"min = {spec['min']}", f"max = {spec['max']}"]
+    if spec["buckets"]:
+        parts.append(f"buckets = {list(spec['buckets'])}")
+    if spec["axes"]:
+        parts.append("axes = [" + ", ".join(f'"{which}:{axis}"' for which, axis in spec["axes"]) + "]")
+    return "{ " + ", ".join(parts) + " }"
 
 
 def _torch_error(error: BaseException) -> str:

@@ -28,6 +28,13 @@ What it relies on (measured on torch 2.13):
   same name.
 - `torch._inductor.cpu_vec_isa.pick_vec_isa()` under `config.cpp.simdlen`
   names the vector ISA a compile targets, with the compiler flags it adds.
+- A constraint violation from `torch.export.export` is a `torch._dynamo.exc.UserError`
+  with `error_type` `UserErrorType.CONSTRAINT_VIOLATION`, whose `msg` (without
+  the `draft_export()` advice `str()` adds) is what torch's public
+  `refine_dynamic_shapes_from_suggested_fixes` reads. It maps each rejected Dim
+  to an int (a constant), a Dim (a narrowed range, or the other Dim it must equal)
+  or a `torch.export.dynamic_shapes._DerivedDim` whose `root` is a Dim and `fn`
+  the increasing function `A * root + B`; other Dims come back as the same objects.
 - `torch.utils._pytree.tree_leaves` flattens in the order export's call spec
   uses, and its `TreeSpec` exposes `type`, `context`, `is_leaf()` and `children()`.
 - Reproducible builds. In an artifact, node `meta["stack_trace"]` (source
@@ -49,6 +56,8 @@ import functools
 import inspect
 import os
 import shlex
+import sys
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import torch
@@ -61,6 +70,64 @@ def decompose(exported: torch.export.ExportedProgram) -> torch.export.ExportedPr
     from torch._inductor.decomposition import select_decomp_table
 
     return exported.run_decompositions(select_decomp_table())
+
+
+@dataclass(frozen=True)
+class DimFix:
+    """What torch.export's suggested fix says a rejected dim's size can be:
+    `scale * base + offset`, with `base` another declared dim, or None for a
+    variable that takes every integer in [low, high]. A constant has scale 0;
+    a narrowed range has scale 1 and offset 0."""
+
+    scale: int
+    offset: int
+    base: str | None = None
+    low: int = 0
+    high: int = sys.maxsize
+
+
+def constraint_fixes(error: BaseException, dynamic_shapes: Any) -> dict[str, DimFix] | None:
+    """For each Dim of `dynamic_shapes` that `torch.export.export` rejected with
+    `error` (a constraint violation): its name and what torch's suggested fixes
+    make of it. None for any other error, or fixes torch itself cannot read back,
+    so that the caller can show torch's message as it is.
+
+    torch's own reader of its fixes (`refine_dynamic_shapes_from_suggested_fixes`,
+    public) does the parsing; the exception carries no other structured data."""
+    from torch._dynamo.exc import UserError, UserErrorType
+    from torch.export.dynamic_shapes import _DerivedDim, refine_dynamic_shapes_from_suggested_fixes
+
+    if not (isinstance(error, UserError) and error.error_type is UserErrorType.CONSTRAINT_VIOLATION):
+        return None
+    try:
+        refined = refine_dynamic_shapes_from_suggested_fixes(error.msg, dynamic_shapes)
+    except Exception:  # no "Suggested fixes:" (say, an example outside the range), or unreadable ones
+        return None
+    before, after = tree_leaves(dynamic_shapes), tree_leaves(refined)
+    declared = {dim.__name__ for dim in before if isinstance(dim, torch.export.Dim)}
+    fixes: dict[str, DimFix] = {}
+    for old, new in zip(before, after):
+        if not isinstance(old, torch.export.Dim) or new is old:
+            continue
+        if isinstance(new, int):
+            fixes[old.__name__] = DimFix(0, new)
+        elif isinstance(new, _DerivedDim):  # A * root + B
+            offset, root = int(new.fn(0)), new.root.__name__
+            scale = int(new.fn(1)) - offset
+            fix = DimFix(scale, offset, root) if root in declared else DimFix(scale, offset, None, *_bounds(new.root))
+            fixes[old.__name__] = fix
+        elif isinstance(new, torch.export.Dim) and new.__name__ != old.__name__:
+            fixes[old.__name__] = DimFix(1, 0, new.__name__)
+        elif isinstance(new, torch.export.Dim):
+            fixes[old.__name__] = DimFix(1, 0, None, *_bounds(new))
+        else:
+            return None
+    return fixes
+
+
+def _bounds(dim: Any) -> tuple[int, int]:
+    """A Dim's [min, max], with torch's unbounded max (`int_oo`) as sys.maxsize."""
+    return int(dim.min), (int(dim.max) if dim.max < sys.maxsize else sys.maxsize)
 
 
 def compile_exported(exported: torch.export.ExportedProgram, inductor_config: dict[str, Any]) -> Any:

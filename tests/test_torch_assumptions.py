@@ -378,3 +378,78 @@ def test_the_loader_binds_exactly_the_names_the_build_leaves_unbound() -> None:
     source = "def call(args):\n    return sorted(name for name in globals() if not name.startswith('__') and name != 'call')\n"
     call = _torch_private.run_lean_module(source, "made-up.py", [], lambda key: None)
     assert call([]) == sorted(_torch_private.LEAN_BINDINGS)
+
+
+class GroupsOfFour(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(-1, 4, x.shape[1]).sum(1)
+
+
+class Adds(nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x + y
+
+
+class OneRowMore(nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x + y[1:]
+
+
+def _violation(module: nn.Module, inputs: tuple[torch.Tensor, ...], shapes: Any) -> Any:
+    """The error export raises for a constraint violation (a UserError)."""
+    from torch._dynamo.exc import UserError, UserErrorType
+
+    with pytest.raises(UserError) as caught:
+        torch.export.export(module, inputs, dynamic_shapes=shapes)
+    assert caught.value.error_type is UserErrorType.CONSTRAINT_VIOLATION
+    assert "Suggested fixes:" in caught.value.msg and "draft_export" not in caught.value.msg
+    return caught.value
+
+
+def test_constraint_violations_carry_suggested_fixes_torch_can_read_back() -> None:
+    """Export's constraint violation is a UserError (CONSTRAINT_VIOLATION) whose `msg`
+    ends with suggested fixes that `refine_dynamic_shapes_from_suggested_fixes` turns
+    into ints, Dims and derived Dims (`root`, `fn` = A * root + B), leaving other
+    Dims as they were; `torch_internals.constraint_fixes` relies on all of it."""
+    from torch.export.dynamic_shapes import _DerivedDim, refine_dynamic_shapes_from_suggested_fixes
+
+    batch = torch.export.Dim("batch", min=4, max=64)
+    error = _violation(GroupsOfFour(), (torch.randn(8, 3),), ({0: batch},))
+    derived = refine_dynamic_shapes_from_suggested_fixes(error.msg, ({0: batch},))[0][0]
+    assert isinstance(derived, _DerivedDim) and isinstance(derived.root, torch.export.Dim), derived
+    assert (derived.fn(0), derived.fn(1)) == (0, 4)
+    fix = torch_internals.constraint_fixes(error, ({0: batch},))
+    assert fix == {"batch": torch_internals.DimFix(4, 0, None, derived.root.min, derived.root.max)}
+
+    x, y = torch.export.Dim("x", min=1, max=16), torch.export.Dim("y", min=1, max=16)
+    shapes = {"x": {0: x}, "y": {0: y}}
+    error = _violation(OneRowMore(), (torch.randn(2, 8), torch.randn(3, 8)), shapes)
+    refined = refine_dynamic_shapes_from_suggested_fixes(error.msg, shapes)
+    assert isinstance(refined["y"][0], _DerivedDim) and refined["y"][0].root is refined["x"][0]
+    fixes = torch_internals.constraint_fixes(error, shapes)
+    assert fixes is not None and fixes["y"] == torch_internals.DimFix(1, 1, "x")
+    assert fixes["x"].scale == 1 and fixes["x"].base is None and fixes["x"].high == 15
+
+    error = _violation(Adds(), (torch.randn(2, 8), torch.randn(2, 8)), shapes)
+    assert refine_dynamic_shapes_from_suggested_fixes(error.msg, shapes)["x"][0] is x  # unchanged: the same object
+    assert torch_internals.constraint_fixes(error, shapes) == {"y": torch_internals.DimFix(1, 0, "x")}
+
+    error = _violation(Adds(), (torch.randn(2, 8), torch.randn(2, 8)), {"x": {0: x}, "y": None})
+    assert torch_internals.constraint_fixes(error, {"x": {0: x}, "y": None}) == {"x": torch_internals.DimFix(0, 2)}
+
+
+def test_constraint_fixes_read_narrowed_ranges_and_ignore_other_errors() -> None:
+    class Branches(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * 2 if x.shape[0] <= 8 else x
+
+    batch = torch.export.Dim("batch", min=1, max=16)
+    with pytest.raises(Exception) as caught:
+        torch.export.export(Branches(), (torch.randn(3, 4),), dynamic_shapes=({0: batch},))
+    fixes = torch_internals.constraint_fixes(caught.value, ({0: batch},))
+    assert fixes is not None and fixes["batch"].scale == 1 and fixes["batch"].base is None and fixes["batch"].high == 8
+    assert torch_internals.constraint_fixes(RuntimeError("Constraints violated (batch)!"), ({0: batch},)) is None
+    small = torch.export.Dim("small", min=4, max=16)
+    with pytest.raises(Exception) as outside:  # an example outside the range: no fixes to suggest
+        torch.export.export(Branches(), (torch.randn(3, 4),), dynamic_shapes=({0: small},))
+    assert torch_internals.constraint_fixes(outside.value, ({0: small},)) is None

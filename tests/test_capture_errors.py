@@ -1,0 +1,151 @@
+"""Capture errors in the configuration's words: a model that only works for some
+sizes of a declared dim fails with a message naming `dims.<name>`, its declared
+range, what torch.export found, and what to change, with torch's text below.
+
+Each test runs the real `capture()` with real torch.export on a small module,
+the model table parsed by the real config parser."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from hatch_precompile.capture import capture
+from hatch_precompile.config import parse_config
+from hatch_precompile.errors import ModelBuildError
+
+PATH = "tool.hatch.build.hooks.precompile.models.m"
+
+
+def model(inputs: list[dict[str, Any]], dims: dict[str, Any]) -> dict[str, Any]:
+    """The worker's model dict for a table with these inputs and dims."""
+    raw = {"models": {"m": {"factory": "made_up:factory", "inputs": inputs, "dims": dims}}}
+    return parse_config(raw).models["m"].to_json()
+
+
+def capture_error(module: nn.Module, inputs: list[dict[str, Any]], dims: dict[str, Any]) -> str:
+    with pytest.raises(ModelBuildError) as caught:
+        capture(model(inputs, dims), module.eval(), {})
+    assert caught.value.step == "capturing with torch.export"
+    return caught.value.message
+
+
+def torch_text(message: str) -> str:
+    """What follows the "torch's message:" line, which must be torch's own error."""
+    ours, marker, theirs = message.partition("\n\ntorch's message:\n")
+    assert marker, message
+    assert theirs.startswith("UserError: Constraints violated"), theirs
+    return theirs
+
+
+class ReshapeThenProject(nn.Module):
+    """Silently assumes the batch: 4 rows of x.numel() / 4 features, into a Linear(4, ...)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.project = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.project(x.reshape(4, -1))
+
+
+def test_a_dim_that_must_be_one_size_is_named_with_its_range_and_a_bucket_to_declare() -> None:
+    message = capture_error(ReshapeThenProject(), [{"shape": ["batch", 8]}], {"batch": {"min": 1, "max": 16}})
+    assert message.startswith(
+        "a declared dim cannot be dynamic over its range:\n"
+        f"  - {PATH}.dims.batch = {{ min = 1, max = 16 }}: torch.export found that the model only works when batch == 2.\n"
+        "    Declare that size as a bucket: `batch = [2]` (a static artifact), "
+        "or fix the model so that it does not depend on the size of batch.\n"
+    ), message
+    assert "specialized it to be a constant (2)" in torch_text(message)
+
+
+class GroupsOfFour(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(-1, 4, x.shape[1]).sum(1)
+
+
+def test_a_dim_that_must_be_a_multiple_is_named_with_the_sizes_to_declare() -> None:
+    message = capture_error(GroupsOfFour(), [{"shape": ["batch", 3]}], {"batch": {"min": 8, "max": 32}})
+    assert f"{PATH}.dims.batch = {{ min = 8, max = 32 }}: " in message
+    found = "torch.export found that the model only works when batch % 4 == 0"
+    assert f"{found} (sizes 8, 12, 16, 20, 24, 28, 32 in the declared range)" in message
+    assert "Declare the sizes the model supports as buckets, e.g. `batch = [8, 12, 16, 20, 24, 28, 32]`" in message
+    assert "or fix the model so that it does not depend on the size of batch." in message
+    assert "batch = 4*_batch" in torch_text(message)
+
+
+class SmallBatchesOnly(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2 if x.shape[0] <= 8 else x
+
+
+def test_a_dim_whose_range_torch_narrows_is_told_the_range_to_declare() -> None:
+    message = capture_error(SmallBatchesOnly(), [{"shape": ["batch", 8]}], {"batch": {"min": 1, "max": 16, "buckets": [4]}})
+    assert f"{PATH}.dims.batch = {{ min = 1, max = 16, buckets = [4] }}: " in message
+    assert "torch.export found that the model only works for batch in [1, 8]." in message
+    assert "Narrow the range: `batch = { min = 1, max = 8 }`, declare `buckets` for the sizes the model supports, " in message
+    assert "Dim('batch', max=8)" in torch_text(message)
+
+
+class TwoAssumptions(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.project = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.project(x.reshape(4, -1)), (y * 2 if y.shape[0] <= 8 else y)
+
+
+def test_every_violated_dim_is_named_at_once() -> None:
+    inputs = [{"shape": ["batch", 8]}, {"shape": ["seq", 8]}]
+    message = capture_error(TwoAssumptions(), inputs, {"batch": {"min": 1, "max": 16}, "seq": {"min": 1, "max": 16}})
+    assert message.startswith("2 declared dims cannot be dynamic over their ranges:\n"), message
+    assert f"{PATH}.dims.batch = {{ min = 1, max = 16 }}: torch.export found that the model only works when batch == 2." in message
+    assert f"{PATH}.dims.seq = {{ min = 1, max = 16 }}: torch.export found that the model only works for seq in [1, 8]." in message
+    assert "`batch = [2]`" in message and "`seq = { min = 1, max = 8 }`" in message
+    assert "Constraints violated (batch, seq)!" in torch_text(message)
+
+
+class Adds(nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x + y
+
+
+def test_two_dims_that_must_be_equal_are_told_to_be_one() -> None:
+    inputs = [{"shape": ["batch", 8]}, {"shape": ["rows", 8]}]
+    message = capture_error(Adds(), inputs, {"batch": {"min": 1, "max": 16}, "rows": {"min": 1, "max": 16}})
+    assert f"{PATH}.dims.rows = {{ min = 1, max = 16 }}: torch.export found that the model only works when rows == batch." in message
+    assert "Use one dim for both (`batch` in place of `rows`)" in message
+    assert "must always be equal" in torch_text(message)
+
+
+def example_inputs() -> tuple[tuple[torch.Tensor], dict[str, Any]]:
+    return (torch.randn(2, 8),), {}
+
+
+def test_models_with_example_inputs_are_told_to_make_the_dim_static_not_to_add_buckets() -> None:
+    """Buckets need inputs declared by shape, so they are not offered here."""
+    raw = {"factory": "made_up:factory", "example-inputs": f"{__name__}:example_inputs", "dims": {"batch": {"min": 1, "max": 16, "axes": ["0:0"]}}}
+    config = parse_config({"models": {"m": raw}}).models["m"].to_json()
+    with pytest.raises(ModelBuildError) as caught:
+        capture(config, ReshapeThenProject().eval(), {})
+    message = caught.value.message
+    assert f'{PATH}.dims.batch = {{ min = 1, max = 16, axes = ["0:0"] }}: torch.export found that the model only works when batch == 2.' in message
+    assert "Make it static by removing `batch` from dims, or fix the model" in message
+    assert "bucket" not in message.partition("torch's message:")[0]
+    torch_text(message)
+
+
+class NoSuchMethod(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.no_such_method()
+
+
+def test_other_capture_errors_keep_torchs_message_alone() -> None:
+    message = capture_error(NoSuchMethod(), [{"shape": ["batch", 8]}], {"batch": {"min": 1, "max": 16}})
+    assert message.startswith("AttributeError: ") and "no_such_method" in message
+    assert "torch's message:" not in message and "dims.batch" not in message
