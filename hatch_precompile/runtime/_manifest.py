@@ -98,11 +98,18 @@ def read_manifest() -> dict[str, Any] | None:
         from ._build import MANIFEST_SHA256
     except ImportError:
         raise PrecompiledIntegrityError(f"{MANIFEST} is present but {HERE / '_build.py'} is not: the install is damaged") from None
-    if hashlib.sha256(data).hexdigest() != MANIFEST_SHA256:
-        raise PrecompiledIntegrityError(f"{MANIFEST} does not match the digest the build recorded: it was modified")
+    return checked_manifest(data, MANIFEST_SHA256, MANIFEST)
+
+
+def checked_manifest(data: bytes, expected_sha256: str, where: Path | str) -> dict[str, Any]:
+    """A manifest's bytes, parsed after checking them against the digest the build
+    recorded and checking their format. (`hatch-precompile verify` calls this on a
+    wheel's manifest; `where` names the file in messages.)"""
+    if hashlib.sha256(data).hexdigest() != expected_sha256:
+        raise PrecompiledIntegrityError(f"{where} does not match the digest the build recorded: it was modified")
     manifest = json.loads(data)
     if manifest.get("format") != MANIFEST_FORMAT:
-        raise PrecompiledModelError(f"{MANIFEST} has format {manifest.get('format')!r}; this loader reads format {MANIFEST_FORMAT}")
+        raise PrecompiledModelError(f"{where} has format {manifest.get('format')!r}; this loader reads format {MANIFEST_FORMAT}")
     return manifest
 
 
@@ -139,12 +146,18 @@ def verified_kernels(model: dict[str, Any], artifact: dict[str, Any]) -> dict[st
 
 
 def _check_digest(path: Path, size: int, sha256: str, record: dict[str, Any]) -> None:
-    if size != record["size"] or sha256 != record["sha256"]:
+    mismatch = digest_mismatch(size, sha256, record)
+    if mismatch:
         raise PrecompiledIntegrityError(
-            f"{path} does not match the manifest (size {size}, expected {record['size']}; sha256 "
-            f"{'matches' if sha256 == record['sha256'] else 'differs'}): it was modified or truncated; "
-            "reinstall the package"
+            f"{path} does not match the manifest ({mismatch}): it was modified or truncated; reinstall the package"
         )
+
+
+def digest_mismatch(size: int, sha256: str, record: dict[str, Any]) -> str:
+    """How a file's size and sha256 differ from its manifest record; "" if they match."""
+    if size == record["size"] and sha256 == record["sha256"]:
+        return ""
+    return f"size {size}, expected {record['size']}; sha256 {'matches' if sha256 == record['sha256'] else 'differs'}"
 
 
 def _running_environment() -> dict[str, Any]:
