@@ -8,6 +8,7 @@
 #   ./dev.sh leg RELEASE   the release leg on torch==RELEASE: the tests marked
 #                          `release` (torch assumptions, example wheel end to end)
 #   ./dev.sh bench [ARGS]  the cold-start benchmark (benchmarks/cold_start.py)
+#   ./dev.sh bench-build [ARGS]  the build-time benchmark (benchmarks/build_time.py)
 # TORCH_REQUIREMENT picks the torch for demo, test and bench (default torch==2.13.0);
 # each torch gets its own environment (.venv for the default, .venv-torch-X.Y.Z else).
 set -euo pipefail
@@ -88,6 +89,12 @@ bench() {
   "$DEMO/venv/bin/python" benchmarks/cold_start.py "$@"
 }
 
+bench_build() {
+  setup
+  echo "== build-time benchmark (a three-model project built cold, in parallel, cached, changed, from parts)"
+  "$VENV/bin/python" benchmarks/build_time.py "$@"
+}
+
 test_suite() {
   setup
   "$VENV/bin/python" -m pytest "$@"
@@ -111,5 +118,6 @@ case "${1:-}" in
     ;;
   leg) leg "${2:?usage: ./dev.sh leg RELEASE, e.g. 2.15.0}" ;;
   bench) shift; bench "$@" ;;
-  *) echo "usage: ./dev.sh demo | test [pytest args] | leg RELEASE | bench [benchmark args]" >&2; exit 2 ;;
+  bench-build) shift; bench_build "$@" ;;
+  *) echo "usage: ./dev.sh demo | test [pytest args] | leg RELEASE | bench [benchmark args] | bench-build [benchmark args]" >&2; exit 2 ;;
 esac

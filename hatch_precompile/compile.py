@@ -9,20 +9,26 @@ artifacts when identical), and describes them for the manifest.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import platform
 import shutil
 import sys
 import sysconfig
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from .assemble import KERNELS_DIR, kernel_file
+from .cache import ArtifactSources, PartMismatch, plugin_fingerprint
 from .capture import Captured, _torch_error
 from .errors import ModelBuildError
 from . import torch_internals
 from .lean import LeanCandidate, LeanRefused, rewrite
+from .runtime import _torch_private
 from .native import UnprovidedLibraryError, read_needs, system_needs, torch_libraries
 from .targets import CPU_TARGETS, CpuTarget, features_from_flags, is_x86_64
 
@@ -117,15 +123,98 @@ def cpu_targets(model: dict[str, Any]) -> list[CpuTarget]:
     return [CpuTarget("host", simdlen=0, march="", features=features, aten_capability="DEFAULT")]
 
 
-def compile_for_target(
-    model: dict[str, Any], captured: Captured, fixed: dict[str, int], target: CpuTarget, out_dir: Path
-) -> tuple[dict[str, Any], LeanCandidate | None]:
-    """Compile one shape variant for one CPU target, check it against eager on the
-    example inputs, and write its artifact, kernels and lean module. Returns the
-    artifact's manifest entry, and its lean module to check in a fresh process
-    (None where the lean form was refused; the entry says why)."""
+def artifact_file(target: CpuTarget, fixed: dict[str, int]) -> str:
+    """cpu_avx2.bin, cpu_avx2_batch8.bin: identifiers, so that the lean modules
+    (cpu_avx2.py) lie at importable paths, as packaging checkers expect."""
+    return f"cpu_{target.name}{''.join(f'_{dim}{size}' for dim, size in sorted(fixed.items()))}.bin"
+
+
+def artifact_key(model: dict[str, Any], captured: Captured, fixed: dict[str, int], target: CpuTarget) -> str:
+    """What an artifact is compiled from, hashed: equal keys compile to the same bytes.
+
+    The graph (with every node's shape, stride and dtype), its signature and
+    symbolic ranges, the inputs, dims and shape variant, the inductor options and
+    CPU target, the torch build and Python, and this plugin's code. Weight values
+    are not in it (the graph takes them as inputs), except where inductor's
+    `freezing` compiles them in as constants."""
+    exported = captured.exported
+    parts: dict[str, Any] = {
+        "graphs": {name: _graph_text(gm.graph) for name, gm in exported.graph_module.named_modules() if hasattr(gm, "graph")},
+        "signature": str(exported.graph_signature),
+        "ranges": {str(symbol): str(bounds) for symbol, bounds in exported.range_constraints.items()},
+        "inputs": [captured.input_tree, captured.input_leaves],
+        "model": {k: model[k] for k in ("dims", "dtype", "options", "outputs", "weights")},
+        "fixed": fixed,
+        "target": dataclasses.asdict(target),
+        "built_with": build_environment(),
+        "plugin": plugin_fingerprint(),
+    }
+    digest = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode())
+    if model["options"].get("freezing"):
+        for name, tensor in lifted_weights(captured).items():
+            digest.update(name.encode() + tensor.contiguous().cpu().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _graph_text(graph: torch.fx.Graph) -> list[str]:
+    lines = []
+    for node in graph.nodes:
+        value = node.meta.get("val")
+        if isinstance(value, torch.Tensor):
+            described = f"{value.dtype} {value.device} {tuple(value.shape)} {value.stride()}"
+        else:
+            described = repr(value) if isinstance(value, (int, float, bool, str, type(None))) else type(value).__name__
+        lines.append(f"{node.format_node()} :: {described}")
+    return lines
+
+
+@dataclass
+class ProducedArtifact:
+    """An artifact in its model's folder, where it came from, and its lean module
+    waiting for the fresh-process check (None where refused, or not run here)."""
+
+    entry: dict[str, Any]
+    key: str
+    origin: str  # "compiled", "cached", or "part <folder>"
+    candidate: LeanCandidate | None
+    checked_here: bool  # False: from a part for a CPU this machine lacks
+
+
+def produce_artifact(
+    model: dict[str, Any], captured: Captured, fixed: dict[str, int], target: CpuTarget, out_dir: Path, sources: ArtifactSources
+) -> ProducedArtifact:
+    """One shape variant for one CPU target, from a part or the build cache when
+    one holds it under its key, else compiled; either way run on the example
+    inputs and checked against eager (where this machine's CPU can run it)."""
     name = model["name"]
+    key = artifact_key(model, captured, fixed, target)
+    file = artifact_file(target, fixed)
+    try:
+        entry, origin = sources.fetch(key, file, out_dir, build_environment())
+    except PartMismatch as mismatch:
+        raise ModelBuildError(name, f"taking {file} from a part", str(mismatch)) from None
     weights = list(lifted_weights(captured).values())
+    flat_inputs = torch_internals.tree_leaves((captured.args, captured.kwargs))
+    if entry is None:
+        entry, outputs, source = _compile(model, captured, fixed, target, out_dir, file, [*weights, *flat_inputs])
+        origin = "compiled"
+        entry["lean"] = _static_lean_record(model, captured, source, entry, out_dir)
+    elif not set(entry["cpu_features"]) <= {f for f, present in torch.cpu.get_capabilities().items() if present is True}:
+        return ProducedArtifact(entry, key, origin, None, checked_here=False)
+    else:
+        outputs = _run_saved(out_dir, entry, [*weights, *flat_inputs])
+    _check_matches_eager(name, outputs, captured.eager_outputs)
+    candidate = _lean_candidate(captured, entry, [*weights, *flat_inputs], outputs, out_dir)
+    return ProducedArtifact(entry, key, origin, candidate, checked_here=True)
+
+
+def _compile(
+    model: dict[str, Any], captured: Captured, fixed: dict[str, int], target: CpuTarget, out_dir: Path, file: str, flat: list[Any]
+) -> tuple[dict[str, Any], list[Any], tuple[str, list[int], str]]:
+    """Compile, write the artifact and its kernels into `out_dir`; returns its
+    manifest entry (less the lean record), its outputs on `flat`, and its output
+    module (`torch_internals.output_module`)."""
+    name = model["name"]
     step = f"compiling for CPU target {target.name!r}"
     config = {**model["options"]}
     isa, isa_flags = "", ""
@@ -137,6 +226,7 @@ def compile_for_target(
                 step,
                 f"this build machine's CPU has no {target.aten_capability} ({target.simdlen}-bit vectors), and inductor "
                 f"only generates vector code the build machine can run; build on a machine with {target.aten_capability} "
+                f"(or compile this target there as a part: `hatch-precompile compile-part`, see the README) "
                 f"or remove {target.name!r} from cpu-targets",
             )
         config.update(target.inductor_config())
@@ -146,10 +236,8 @@ def compile_for_target(
             artifact = torch_internals.compile_exported(captured.exported, config)
         except Exception as error:
             raise ModelBuildError(name, step, _torch_error(error)) from None
-        flat_inputs = torch_internals.tree_leaves((captured.args, captured.kwargs))
         with torch.no_grad():
-            compiled_out = artifact(*weights, *flat_inputs)
-        _check_matches_eager(name, compiled_out, captured.eager_outputs)
+            outputs = artifact(*flat)
         kernel_files = {key: path() for key, path in built.items()}
 
     kernels_dir = out_dir / KERNELS_DIR
@@ -160,13 +248,9 @@ def compile_for_target(
         needs = system_needs([read_needs(kernels_dir / kernel_file(key)) for key in kernel_files], torch_libraries())
     except UnprovidedLibraryError as error:
         raise ModelBuildError(name, "checking the compiled kernels' native dependencies", str(error)) from None
-    # cpu_avx2.bin, cpu_avx2_batch8.bin: identifiers, so that the lean modules
-    # (cpu_avx2.py) lie at importable paths, as packaging checkers expect.
-    shape_suffix = "".join(f"_{dim}{size}" for dim, size in sorted(fixed.items()))
-    artifact_file = out_dir / f"cpu_{target.name}{shape_suffix}.bin"
-    torch_internals.save_artifact(artifact, str(artifact_file))
+    torch_internals.save_artifact(artifact, str(out_dir / file))
     entry = {
-        "file": artifact_file.name,
+        "file": file,
         "specialized": fixed,
         "device": "cpu",
         "cpu_target": target.name,
@@ -177,22 +261,26 @@ def compile_for_target(
         "native": needs.manifest(),
         "built_with": build_environment(),
     }
-    candidate = _lean_candidate(model, captured, artifact, entry, [*weights, *flat_inputs], compiled_out, out_dir)
-    return entry, candidate
+    return entry, outputs, torch_internals.output_module(artifact)
 
 
-def _lean_candidate(
-    model: dict[str, Any],
-    captured: Captured,
-    artifact: Any,
-    entry: dict[str, Any],
-    flat: list[Any],
-    artifact_outputs: list[Any],
-    out_dir: Path,
-) -> LeanCandidate | None:
-    """Write the artifact's lean module and what to check it against, or record
-    in `entry` why there is none."""
-    source, inputs_to_check, refused = torch_internals.output_module(artifact)
+def _run_saved(out_dir: Path, entry: dict[str, Any], flat: list[Any]) -> list[Any]:
+    """Load a saved artifact as the loader's artifact form does (its kernels from
+    the files beside it, never a compiler) and run it on `flat`."""
+    _, payload = _torch_private.split_artifact((out_dir / entry["file"]).read_bytes())
+    kernels = {key: out_dir / KERNELS_DIR / kernel_file(key) for key in entry["kernels"]}
+    with _torch_private.shipped_kernels(kernels):
+        artifact = _torch_private.deserialize_artifact(payload)
+    with torch.no_grad():
+        return list(artifact(*flat))
+
+
+def _static_lean_record(
+    model: dict[str, Any], captured: Captured, output_module: tuple[str, list[int], str], entry: dict[str, Any], out_dir: Path
+) -> dict[str, Any]:
+    """Write the artifact's lean module, or say why there is none; the module is
+    then run in a fresh process (`lean.check_in_fresh_process`)."""
+    source, inputs_to_check, refused = output_module
     refused = refused or torch_internals.wrapper_work(captured.exported)
     module_path = out_dir / entry["file"].replace(".bin", ".py")
     if not refused:
@@ -201,10 +289,18 @@ def _lean_candidate(
         except LeanRefused as reason:
             refused = str(reason)
     if refused:
-        entry["lean"] = {"refused": refused}
-        return None
+        return {"refused": refused}
     module_path.write_text(lean.text, encoding="utf-8")
-    entry["lean"] = {"file": module_path.name, "extern_kernels": lean.extern_kernels, "inputs_to_check": inputs_to_check}
+    return {"file": module_path.name, "extern_kernels": lean.extern_kernels, "inputs_to_check": inputs_to_check}
+
+
+def _lean_candidate(
+    captured: Captured, entry: dict[str, Any], flat: list[Any], artifact_outputs: list[Any], out_dir: Path
+) -> LeanCandidate | None:
+    """The lean module, with what to check it against, where the entry has one."""
+    if "file" not in entry["lean"]:
+        return None
+    module_path = out_dir / entry["lean"]["file"]
     data_path = out_dir / CHECK_DIR / f"{module_path.stem}.pt"
     data_path.parent.mkdir(exist_ok=True)
     torch.save({"flat": flat, "artifact": list(artifact_outputs), "eager": list(captured.eager_outputs)}, data_path)

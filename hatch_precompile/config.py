@@ -119,6 +119,7 @@ class PrecompileConfig:
     fallback: str
     cpu_targets: tuple[str, ...]
     models: dict[str, ModelConfig]
+    jobs: int | None = None  # compile workers at once; None: by cores and memory
 
 
 def _input_json(spec: TensorInput) -> dict[str, Any]:
@@ -193,13 +194,14 @@ def _describe(value: Any) -> str:
 def parse_config(raw: dict[str, Any]) -> PrecompileConfig:
     """Validate the hook's table (as hatchling hands it over) and return its typed form."""
     check = _Checker()
-    check.keys(raw, TABLE, sorted({"package", "fallback", "cpu-targets", "models"} | HATCHLING_KEYS))
+    check.keys(raw, TABLE, sorted({"package", "fallback", "cpu-targets", "jobs", "models"} | HATCHLING_KEYS))
 
     package = raw.get("package")
     if package is not None:
         package = check.string(package, f"{TABLE}.package", _PACKAGE_NAME, "an import package name such as 'my_pkg'")
     fallback = check.choice(raw.get("fallback", "eager"), f"{TABLE}.fallback", FALLBACKS) or "eager"
     cpu_targets = _parse_cpu_targets(check, raw.get("cpu-targets", list(DEFAULT_CPU_TARGETS)), f"{TABLE}.cpu-targets")
+    jobs = check.integer(raw["jobs"], f"{TABLE}.jobs", 1) if "jobs" in raw else None
 
     models: dict[str, ModelConfig] = {}
     raw_models = check.table(raw.get("models", {}), f"{TABLE}.models")
@@ -217,7 +219,7 @@ def parse_config(raw: dict[str, Any]) -> PrecompileConfig:
 
     if check.problems:
         raise ConfigError(check.problems)
-    return PrecompileConfig(package=package, fallback=fallback, cpu_targets=cpu_targets, models=models)
+    return PrecompileConfig(package=package, fallback=fallback, cpu_targets=cpu_targets, models=models, jobs=jobs)
 
 
 _MODEL_KEYS = (

@@ -2,10 +2,13 @@
 
 The hook runs one worker per model so that torch, the project's code and
 inductor's state never enter the build backend's process. Protocol:
-- REQUEST.json: {"model": ModelConfig.to_json(), "out_dir": str, "import_paths": [str]}
+- REQUEST.json: {"model": ModelConfig.to_json(), "out_dir": str, "import_paths": [str],
+  "sources": ArtifactSources.to_json()} (the parts and build cache to take artifacts from)
 - stdout: one line per finished step, `PROGRESS_PREFIX` followed by JSON
   {"step": str, "seconds": float | None}; anything else on stdout/stderr is torch's chatter.
-- out_dir/result.json: {"entry": manifest entry} or {"error": {"step", "message"}};
+- out_dir/result.json: {"entry": manifest entry, "keys": {artifact file: cache key},
+  "origins": {artifact file: "compiled" | "cached" | "part <folder>"}}
+  or {"error": {"step", "message"}};
   the exit status is 0 only with an entry.
 """
 
@@ -43,14 +46,15 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
         import torch  # noqa: F401  (timed on its own: seconds on a cold disk)
 
         from .assemble import KERNELS_DIR
+        from .cache import ArtifactSources
         from .capture import build_module, capture, shape_variants
-        from .compile import CHECK_DIR, compile_for_target, cpu_targets, lifted_weights, model_entry, save_weights
+        from .compile import CHECK_DIR, ProducedArtifact, cpu_targets, lifted_weights, model_entry, produce_artifact, save_weights
         from .errors import ModelBuildError
         from .lean import check_in_fresh_process
+    sources = ArtifactSources.from_json(request["sources"])
     with _step("built the module"):
         module = build_module(model)
-    artifacts: list[dict[str, Any]] = []
-    candidates: list[Any] = []  # lean modules to check in a fresh process
+    produced: list[ProducedArtifact] = []
     first = weights = None
     for fixed in shape_variants(model):
         shape = ", ".join(f"{dim}={size}" for dim, size in fixed.items()) or "dynamic dims"
@@ -61,12 +65,14 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
         elif list(lifted_weights(captured)) != weights["order"]:
             raise ModelBuildError(model["name"], f"capturing ({shape})", "the weights the graph takes differ between shape variants")
         for target in cpu_targets(model):
-            with _step(f"compiled for {target.name} ({shape}) and checked against eager"):
-                artifact, candidate = compile_for_target(model, captured, fixed, target, out_dir)
-            artifacts.append(artifact)
-            if candidate is not None:
-                candidates.append(candidate)
+            started = time.perf_counter()
+            artifact = produce_artifact(model, captured, fixed, target, out_dir, sources)
+            produced.append(artifact)
+            checked = "checked against eager" if artifact.checked_here else f"not run here: this CPU lacks {target.name} (checked where the part was built)"
+            source = "compiled" if artifact.origin == "compiled" else f"{artifact.origin}: {artifact.entry['file']}"
+            _report(f"{target.name} ({shape}): {source}, {checked}", time.perf_counter() - started)
     assert first is not None and weights is not None
+    candidates = [a.candidate for a in produced if a.candidate is not None]
     if candidates:
         with _step(f"ran the lean form of {len(candidates)} artifact(s) in a fresh process and compared"):
             reasons = check_in_fresh_process(candidates, out_dir / KERNELS_DIR, out_dir / CHECK_DIR)
@@ -76,10 +82,17 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
                 candidate.module_path.unlink()
                 candidate.artifact["lean"] = {"refused": reason}
     shutil.rmtree(out_dir / CHECK_DIR, ignore_errors=True)
-    for artifact in artifacts:
-        form = "lean form" if "file" in artifact["lean"] else f"artifact form only, lean form refused: {artifact['lean']['refused']}"
-        _report(f"{artifact['file']}: {form}")
-    return model_entry(model, first, weights, artifacts)
+    for artifact in produced:
+        if sources.keep is not None:
+            sources.keep.store(artifact.key, out_dir, artifact.entry)
+        lean = artifact.entry["lean"]
+        form = "lean form" if "file" in lean else f"artifact form only, lean form refused: {lean['refused']}"
+        _report(f"{artifact.entry['file']}: {form}")
+    return {
+        "entry": model_entry(model, first, weights, [a.entry for a in produced]),
+        "keys": {a.entry["file"]: a.key for a in produced},
+        "origins": {a.entry["file"]: a.origin for a in produced},
+    }
 
 
 def main(request_path: str) -> int:
@@ -88,7 +101,7 @@ def main(request_path: str) -> int:
     request = json.loads(Path(request_path).read_text(encoding="utf-8"))
     result_path = Path(request["out_dir"]) / RESULT_FILE
     try:
-        result: dict[str, Any] = {"entry": run(request)}
+        result: dict[str, Any] = run(request)
     except ModelBuildError as error:
         result = {"error": {"step": error.step, "message": error.message}}
     except Exception:

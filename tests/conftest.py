@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import venv
 from dataclasses import dataclass
@@ -23,6 +24,14 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "example_project"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Builds in this session share a build cache of their own, never the user's;
+    tests that need cold compiles turn it off."""
+    if "HATCH_PRECOMPILE_BUILD_CACHE" not in os.environ:
+        os.environ["HATCH_PRECOMPILE_BUILD_CACHE"] = tempfile.mkdtemp(prefix="hatch-precompile-test-cache-")
+        config.add_cleanup(lambda: shutil.rmtree(os.environ.pop("HATCH_PRECOMPILE_BUILD_CACHE"), ignore_errors=True))
 
 
 def run(command: list[str], *, cwd: Path | None = None, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -61,22 +70,22 @@ def no_compiler_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     return {**env, **extra}
 
 
-def write_project(root: Path, package: str, models: str, precompile_toml: str, *, vendor_loader: bool = True) -> Path:
+def write_project(root: Path, package: str, models: str, precompile_toml: str) -> Path:
     """A src-layout project distributing `package`, whose `models.py` is `models` and
-    whose pyproject.toml ends with the precompile table's body `precompile_toml`;
-    the loader is vendored as `python -m hatch_precompile init` does."""
+    whose pyproject.toml ends with the precompile table's body `precompile_toml`.
+    Set up as the README recommends: `__init__.py` imports the loader, which no
+    one has written (the build writes it), and `.gitignore` keeps it out of git."""
     project = root / "project"
     source = project / "src" / package
     source.mkdir(parents=True)
-    (source / "__init__.py").write_text("from ._precompiled import load_compiled\n" if vendor_loader else "")
+    (source / "__init__.py").write_text("from ._precompiled import load_compiled\n")
     (source / "models.py").write_text(models)
     header = (
         '[build-system]\nrequires = ["hatchling", "hatch-precompile"]\nbuild-backend = "hatchling.build"\n\n'
         f'[project]\nname = "{package}"\nversion = "1.0"\n\n[tool.hatch.build.hooks.precompile]\n'
     )
     (project / "pyproject.toml").write_text(header + textwrap.dedent(precompile_toml))
-    if vendor_loader:
-        run([sys.executable, "-m", "hatch_precompile", "init", str(source)])
+    (project / ".gitignore").write_text("_precompiled/\n")
     return project
 
 

@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO
-from hatch_precompile.assemble import BUILD_MODULE, RUNTIME_DIR, RUNTIME_FILES, assemble, runtime_requirements, wheel_tag
+from hatch_precompile.assemble import BUILD_MODULE, RUNTIME_FILES, assemble, runtime_requirements, wheel_tag
 
 
 def test_the_wheel_pins_the_build_torch_release_without_its_local_label() -> None:
@@ -26,13 +25,6 @@ def test_the_tag_is_this_interpreter_with_the_stricter_of_torchs_platform_and_th
     assert wheel_tag(["manylinux_2_17_x86_64"]) == wheel_tag([])
     if platform.startswith("manylinux_2_28_"):
         assert wheel_tag(["manylinux_2_17_x86_64", "manylinux_2_38_x86_64"]).endswith("-manylinux_2_38_x86_64")
-
-
-@pytest.mark.parametrize("package", ["example_project/src/example_pkg", "example_transformers/src/example_bert"])
-def test_the_examples_vendor_this_versions_loader(package: str) -> None:
-    for name in RUNTIME_FILES:
-        vendored = REPO / package / "_precompiled" / name
-        assert vendored.read_bytes() == (RUNTIME_DIR / name).read_bytes(), f"run: python -m hatch_precompile init {package}"
 
 
 def test_assembly_records_sizes_hashes_and_the_manifest_digest(tmp_path: Path) -> None:

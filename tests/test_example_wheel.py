@@ -122,7 +122,7 @@ def test_wheel_and_sdist_pin_the_same_torch_release(example_build: ExampleBuild)
 def test_build_reports_progress_per_model_and_step(example_build: ExampleBuild) -> None:
     # the distribution's version: PyPI's builds carry no local label there (torch.__version__ has +cu130)
     assert f"compiling with torch {importlib.metadata.version('torch')}; the wheel requires {TORCH_PIN}" in example_build.log
-    for step in ("built the module", "captured with torch.export (dynamic dims)", "compiled for avx2 (dynamic dims) and checked against eager"):
+    for step in ("built the module", "captured with torch.export (dynamic dims)", "avx2 (dynamic dims): compiled, checked against eager"):
         assert f"precompile: encoder: {step} (" in example_build.log
 
 
@@ -228,8 +228,17 @@ print(fallbacks[0].message)
 """
 
 
-def test_source_checkout_falls_back_to_eager_with_one_warning(torch_venv: Venv) -> None:
-    env = {**os.environ, "PYTHONPATH": str(EXAMPLE / "src")}
+def checkout(tmp_path: Path) -> Path:
+    """A checkout of the example, readied as the README says for running from
+    source with no install: `hatch-precompile init` writes the loader."""
+    project = tmp_path / "example_project"
+    shutil.copytree(EXAMPLE, project, ignore=shutil.ignore_patterns("dist", "__pycache__", "_precompiled"))
+    run([sys.executable, "-m", "hatch_precompile", "init", str(project / "src" / "example_pkg")])
+    return project
+
+
+def test_source_checkout_falls_back_to_eager_with_one_warning(torch_venv: Venv, tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(checkout(tmp_path) / "src")}
     count, message = torch_venv.script(FALLBACK_CHECK, env=env).stdout.split("\n", 1)
     assert count == "1"
     assert "model 'encoder' runs eagerly (not compiled): no compiled artifacts" in message
@@ -237,8 +246,7 @@ def test_source_checkout_falls_back_to_eager_with_one_warning(torch_venv: Venv) 
 
 
 def test_source_checkout_with_fallback_error_raises(torch_venv: Venv, tmp_path: Path) -> None:
-    project = tmp_path / "example_project"
-    shutil.copytree(EXAMPLE, project, ignore=shutil.ignore_patterns("dist", "__pycache__"))
+    project = checkout(tmp_path)
     pyproject = project / "pyproject.toml"
     pyproject.write_text(pyproject.read_text().replace('fallback = "eager"', 'fallback = "error"'))
     env = {**os.environ, "PYTHONPATH": str(project / "src")}
@@ -258,9 +266,10 @@ def test_unknown_model_name_lists_the_shipped_ones(deploy_venv: Venv) -> None:
 
 
 def test_editable_install_falls_back_to_eager(torch_venv: Venv, wheelhouse: Path, tmp_path: Path) -> None:
+    """No `init`: the editable build writes the loader into the source tree."""
     # PYTHONPATH-based tests above take precedence over this .pth, so sharing the env is safe.
     project = tmp_path / "example_project"
-    shutil.copytree(EXAMPLE, project, ignore=shutil.ignore_patterns("dist", "__pycache__"))
+    shutil.copytree(EXAMPLE, project, ignore=shutil.ignore_patterns("dist", "__pycache__", "_precompiled"))
     torch_venv.pip("-e", str(project), env=with_find_links(wheelhouse))
     count, message = torch_venv.script(FALLBACK_CHECK, cwd=tmp_path).stdout.split("\n", 1)
     assert count == "1" and "no compiled artifacts next to" in message and str(project) in message
@@ -299,14 +308,16 @@ def test_builds_from_other_folders_and_from_the_sdist_by_pip_give_byte_identical
     """Reproducible wheels: a direct wheel build of the project from another folder,
     and what pip does for a user who installs from the sdist (an isolated build
     with the sdist's own pins), both equal the session's sdist -> wheel build to
-    the byte: no build path, temporary folder or compile time is recorded."""
+    the byte: no build path, temporary folder or compile time is recorded. Both
+    compile afresh (no build cache)."""
+    cold = {**os.environ, "HATCH_PRECOMPILE_BUILD_CACHE": "off"}
     project = tmp_path / "elsewhere" / "example_project"
     shutil.copytree(EXAMPLE, project, ignore=shutil.ignore_patterns("dist", "__pycache__"))
     pin_build_torch(project / "pyproject.toml")
-    run([sys.executable, "-m", "build", "--wheel", "--outdir", str(tmp_path / "direct"), str(project)], env=with_find_links(wheelhouse))
+    run([sys.executable, "-m", "build", "--wheel", "--outdir", str(tmp_path / "direct"), str(project)], env=with_find_links(wheelhouse, base=cold))
     run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "pip"), str(example_build.sdist)],
-        env=with_find_links(wheelhouse),
+        env=with_find_links(wheelhouse, base=cold),
     )
     for folder in ("direct", "pip"):
         (wheel,) = (tmp_path / folder).glob("*.whl")

@@ -56,7 +56,7 @@ def not_a_module():
 
 def make_project(tmp_path: Path, precompile_toml: str) -> Path:
     """A src-layout project `mypkg` whose precompile table is `precompile_toml`."""
-    return write_project(tmp_path, "mypkg", MODELS, precompile_toml, vendor_loader=False)
+    return write_project(tmp_path, "mypkg", MODELS, precompile_toml)
 
 
 def build(project: Path) -> tuple[int, str, Path]:
@@ -209,14 +209,16 @@ def _processes(*needles: str) -> set[int]:
 
 
 def test_interrupting_a_build_leaves_no_child_processes_and_no_scratch(tmp_path: Path) -> None:
-    project = make_project(tmp_path, MODEL.format(factory="mypkg.models:slow_doubler"))
+    """Two models compiling at once, both stopped."""
+    second = MODEL.replace("models.m]", "models.m2]")
+    project = make_project(tmp_path, (MODEL + second).format(factory="mypkg.models:slow_doubler"))
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     children = ("hatch_precompile.worker", "compile_worker")
     already_running = _processes(*children)
     build = subprocess.Popen(
         [sys.executable, "-m", "build", "--wheel", "--no-isolation", str(project)],
-        env={**os.environ, "TMPDIR": str(scratch)},
+        env={**os.environ, "TMPDIR": str(scratch), "HATCH_PRECOMPILE_JOBS": "2"},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,  # its own process group, as a terminal's Ctrl-C would reach
@@ -225,9 +227,9 @@ def test_interrupting_a_build_leaves_no_child_processes_and_no_scratch(tmp_path:
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 120
-    while not _processes("hatch_precompile.worker") - already_running and time.monotonic() < deadline:
+    while len(_processes("hatch_precompile.worker") - already_running) < 2 and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert _processes("hatch_precompile.worker") - already_running, "the compile worker never started"
+    assert len(_processes("hatch_precompile.worker") - already_running) == 2, "the two compile workers never started"
     (staging,) = [p for p in scratch.iterdir() if p.name.startswith("hatch-precompile-")]
     assert staging.stat().st_mode & 0o777 == 0o700  # private, with an unpredictable name
     time.sleep(2)  # let it get into torch and the factory

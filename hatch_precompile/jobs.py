@@ -1,0 +1,203 @@
+"""Run one compile worker per model, several at once, and collect what they made.
+
+Shared by the hatch hook and `hatch-precompile compile-part`. Each worker is a
+child process in its own session (`worker.py`), so that stopping it also ends
+inductor's compile pool. The first failure, or Ctrl-C, stops every worker and
+raises; the caller removes the scratch folder. Progress arrives as one line per
+finished step, from whichever worker finished it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from .cache import ArtifactSources, Claim, EntryStore
+from .config import ModelConfig
+from .errors import ModelBuildError
+from .worker import PROGRESS_PREFIX, RESULT_FILE
+
+JOBS_VARIABLE = "HATCH_PRECOMPILE_JOBS"
+# Peak memory of one worker: capture, inductor and the check. Measured on the
+# transformers example (BERT, GPT-2): 1.1-1.6 GB; rounded up for larger models.
+WORKER_MEMORY = 2 * 2**30
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    """What every worker of one build shares."""
+
+    root: Path  # the project: the workers' working directory
+    import_paths: list[str]  # where the project's packages are importable from
+    staging: Path  # scratch; a folder per model is written here
+    jobs: int
+    cache: EntryStore | None  # the build cache to read, None when off
+    keep: EntryStore | None  # where new artifacts are kept: the build cache, or a part
+    claims: dict[str, dict[str, Claim]]  # per model, the artifacts given as parts
+
+
+@dataclass(frozen=True)
+class CompiledModel:
+    entry: dict[str, Any]  # the model's manifest entry; its files lie in `folder`
+    folder: Path
+    keys: dict[str, str]  # artifact file -> cache key
+    origins: dict[str, str]  # artifact file -> "compiled", "cached" or "part <folder>"
+
+
+def default_jobs(models: int) -> int:
+    """$HATCH_PRECOMPILE_JOBS, else as many workers as there are models, cores
+    and WORKER_MEMORY-sized shares of the available memory, whichever is fewest."""
+    cpus = _cpus()
+    available = _available_memory()
+    by_memory = max(1, available // WORKER_MEMORY) if available else cpus
+    return max(1, min(models, cpus, by_memory))
+
+
+def compile_models(
+    models: list[ModelConfig], plan: BuildPlan, say: Callable[[str], None], done: Callable[[str], None]
+) -> dict[str, CompiledModel]:
+    """Run a worker per model, at most `plan.jobs` at once; entries by model name."""
+    workers = _Workers()
+    lock = threading.Lock()
+
+    def locked(report: Callable[[str], None]) -> Callable[[str], None]:
+        def report_line(line: str) -> None:
+            with lock:
+                report(line)
+
+        return report_line
+
+    say, done = locked(say), locked(done)
+    results: dict[str, CompiledModel] = {}
+    with ThreadPoolExecutor(max_workers=plan.jobs, thread_name_prefix="precompile") as pool:
+        futures = {pool.submit(_compile_one, model, plan, workers, say, done): model.name for model in models}
+        try:
+            for future in as_completed(futures):
+                results[futures[future]] = future.result()
+        except BaseException:
+            workers.stop_all()
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+    return {model.name: results[model.name] for model in models}
+
+
+def _compile_one(
+    model: ModelConfig, plan: BuildPlan, workers: _Workers, say: Callable[[str], None], done: Callable[[str], None]
+) -> CompiledModel:
+    out_dir = plan.staging / model.name
+    out_dir.mkdir()
+    sources = ArtifactSources(plan.claims.get(model.name, {}), plan.cache, plan.keep)
+    request = plan.staging / f"{model.name}.request.json"
+    request.write_text(
+        json.dumps(
+            {"model": model.to_json(), "out_dir": str(out_dir), "import_paths": plan.import_paths, "sources": sources.to_json()}
+        ),
+        encoding="utf-8",
+    )
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(plan.staging / "inductor-cache")}
+    if plan.jobs > 1:  # share the cores between the workers' compile pools
+        env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(max(1, _cpus() // plan.jobs)))
+    log_path = plan.staging / f"{model.name}.log"
+    started = time.perf_counter()
+    with log_path.open("w") as log:
+        worker = workers.start(model.name, [sys.executable, "-m", "hatch_precompile.worker", str(request)], plan.root, env, log)
+        try:
+            assert worker.stdout is not None
+            for line in worker.stdout:
+                if line.startswith(PROGRESS_PREFIX):
+                    step = json.loads(line[len(PROGRESS_PREFIX) :])
+                    timing = "" if step["seconds"] is None else f" ({step['seconds']:.1f} s)"
+                    say(f"precompile: {model.name}: {step['step']}{timing}")
+                else:
+                    log.write(line)
+            worker.wait()
+        finally:
+            workers.end(worker)
+    result_path = out_dir / RESULT_FILE
+    result = json.loads(result_path.read_text(encoding="utf-8")) if result_path.is_file() else None
+    if worker.returncode != 0 or result is None or "entry" not in result:
+        if result and "error" in result:
+            raise ModelBuildError(model.name, result["error"]["step"], result["error"]["message"])
+        if workers.stopping.is_set():
+            raise ModelBuildError(model.name, "compiling", "stopped: another model failed or the build was interrupted")
+        tail = log_path.read_text(errors="replace")[-3000:]
+        raise ModelBuildError(model.name, "compiling", f"the compile worker exited with {worker.returncode}:\n{tail}")
+    result_path.unlink()
+    done(f"precompile: {model.name}: done in {time.perf_counter() - started:.1f} s")
+    return CompiledModel(result["entry"], out_dir, result["keys"], result["origins"])
+
+
+class _Workers:
+    """The running worker processes, so that a failure or Ctrl-C can stop them all."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: set[subprocess.Popen[str]] = set()
+        self.stopping = threading.Event()
+
+    def start(self, model: str, command: list[str], cwd: Path, env: dict[str, str], log: Any) -> subprocess.Popen[str]:
+        with self._lock:
+            if self.stopping.is_set():
+                raise ModelBuildError(model, "starting", "stopped before it started: another model failed or the build was interrupted")
+            process = subprocess.Popen(
+                command,
+                cwd=cwd,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+                start_new_session=True,  # so that stopping it ends its compile pool too
+            )
+            self._running.add(process)
+            return process
+
+    def end(self, process: subprocess.Popen[str]) -> None:
+        _end_process_group(process)
+        with self._lock:
+            self._running.discard(process)
+
+    def stop_all(self) -> None:
+        self.stopping.set()
+        with self._lock:
+            running = list(self._running)
+        for process in running:
+            _end_process_group(process)
+
+
+def _end_process_group(process: subprocess.Popen[str]) -> None:
+    """Stop the worker and everything it started (inductor's compile pool)."""
+    if process.poll() is not None:
+        return
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def _cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _available_memory() -> int | None:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None

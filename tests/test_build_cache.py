@@ -1,0 +1,203 @@
+"""Builds that scale: the build cache, parallel workers, and parts compiled apart.
+
+One small project with two models is built several ways through a real frontend
+(`python -m build`, no isolation, so the hook is this checkout's); every way must
+give a `_precompiled/` byte-identical to a cold build that compiles everything in
+one worker at a time.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from conftest import run, write_project
+from hatch_precompile.assemble import RUNTIME_FILES
+
+pytestmark = pytest.mark.e2e
+
+MODELS = '''
+import torch
+from torch import nn
+
+
+class Affine(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return torch.relu(self.linear(x)) + OFFSET
+
+
+class Doubler(nn.Module):
+    def forward(self, x):
+        return torch.tanh(x) * 2
+
+
+OFFSET = 0.5
+
+
+def affine():
+    return Affine()
+
+
+def doubler():
+    return Doubler()
+'''
+
+TABLE = """
+[tool.hatch.build.hooks.precompile.models.affine]
+factory = "twomodels.models:affine"
+inputs = [{ shape = ["batch", 8] }]
+dims = { batch = { min = 1, max = 16 } }
+
+[tool.hatch.build.hooks.precompile.models.doubler]
+factory = "twomodels.models:doubler"
+inputs = [{ shape = ["batch", 8] }]
+dims = { batch = { min = 1, max = 16 } }
+"""
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_project(tmp_path_factory.mktemp("two"), "twomodels", MODELS, TABLE)
+
+
+@pytest.fixture(scope="module")
+def reference(project: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
+    """`_precompiled/` of a cold build, no cache, one worker at a time."""
+    _, files = build(project, tmp_path_factory.mktemp("reference"), cache="off", jobs="1")
+    return files
+
+
+def build(project: Path, out: Path, *, cache: Path | str, jobs: str = "2", parts: list[Path] = (), check: bool = True) -> tuple[str, dict[str, bytes]]:
+    """Build the project's wheel into `out`; (the build's output, its `_precompiled/` files)."""
+    env = {
+        **os.environ,
+        "HATCH_PRECOMPILE_BUILD_CACHE": str(cache),
+        "HATCH_PRECOMPILE_JOBS": jobs,
+        "HATCH_PRECOMPILE_PARTS": os.pathsep.join(map(str, parts)),
+    }
+    result = run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), str(project)], env=env, check=check)
+    log = result.stdout + result.stderr
+    wheels = list(out.glob("*.whl"))
+    if not wheels:
+        return log, {}
+    with zipfile.ZipFile(wheels[0]) as wheel:
+        return log, {n: wheel.read(n) for n in wheel.namelist() if "/_precompiled/" in n}
+
+
+def compile_part(project: Path, out: Path, *args: str, check: bool = True) -> str:
+    result = run(
+        [sys.executable, "-m", "hatch_precompile", "compile-part", "--out", str(out), *args, str(project)],
+        env={**os.environ, "HATCH_PRECOMPILE_BUILD_CACHE": "off"},
+        check=check,
+    )
+    return result.stdout + result.stderr
+
+
+def origins(log: str) -> dict[str, str]:
+    """Per model, how its artifact was obtained: compiled, cached or part <folder>."""
+    found = {}
+    for line in log.splitlines():
+        if line.startswith("precompile: ") and ": avx2 (dynamic dims): " in line:
+            model, rest = line.removeprefix("precompile: ").split(": avx2 (dynamic dims): ")
+            found[model] = rest.split(",")[0].split(": cpu_")[0]
+    return found
+
+
+def test_a_project_that_never_ran_init_builds_and_keeps_git_clean(project: Path, reference: dict[str, bytes]) -> None:
+    """Its models.py imports the package, whose __init__.py imports the loader that
+    no one wrote: the build writes it first, and the README's .gitignore line keeps
+    it out of git (and out of the sdist)."""
+    assert "twomodels/_precompiled/manifest.json" in reference
+    generated = project / "src/twomodels/_precompiled"
+    assert sorted(p.name for p in generated.iterdir() if p.suffix == ".py") == sorted(RUNTIME_FILES)
+    run(["git", "init", "-q"], cwd=project)
+    status = run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=project).stdout
+    assert "_precompiled" not in status and "src/twomodels/models.py" in status
+
+
+def test_a_rebuild_recompiles_nothing_and_gives_the_same_files(project: Path, reference: dict[str, bytes], tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    log, files = build(project, tmp_path / "cold", cache=cache)
+    assert origins(log) == {"affine": "compiled", "doubler": "compiled"}
+    assert files == reference
+    log, files = build(project, tmp_path / "warm", cache=cache)
+    assert origins(log) == {"affine": "cached", "doubler": "cached"}
+    assert "checked against eager" in log and "cpu_avx2.bin: lean form" in log  # still captured and checked
+    assert files == reference
+
+    # A damaged entry is a miss: compiled again, never shipped.
+    (damaged,) = [p for p in cache.rglob("cpu_avx2.bin") if "tanh" in p.with_suffix(".py").read_text()]
+    damaged.write_bytes(damaged.read_bytes()[:-10] + b"0123456789")
+    log, files = build(project, tmp_path / "damaged", cache=cache)
+    assert origins(log) == {"affine": "cached", "doubler": "compiled"}
+    assert files == reference
+
+
+def test_changing_one_model_recompiles_only_that_model(project: Path, tmp_path: Path) -> None:
+    changed = tmp_path / "changed"
+    shutil.copytree(project, changed)
+    cache = tmp_path / "cache"
+    build(changed, tmp_path / "first", cache=cache)
+    models = changed / "src/twomodels/models.py"
+    models.write_text(models.read_text().replace("torch.tanh(x) * 2", "torch.sigmoid(x) * 2"))
+    log, _ = build(changed, tmp_path / "second", cache=cache)
+    assert origins(log) == {"affine": "cached", "doubler": "compiled"}
+
+
+def test_the_cache_can_be_turned_off(project: Path, tmp_path: Path) -> None:
+    log, _ = build(project, tmp_path / "out", cache="off", jobs="1")
+    assert origins(log) == {"affine": "compiled", "doubler": "compiled"}
+
+
+def test_parts_compiled_apart_assemble_into_the_same_wheel(project: Path, reference: dict[str, bytes], tmp_path: Path) -> None:
+    compile_part(project, tmp_path / "part-affine", "--models", "affine")
+    compile_part(project, tmp_path / "part-doubler", "--models", "doubler", "--cpu-targets", "avx2")
+    parts = [tmp_path / "part-affine", tmp_path / "part-doubler"]
+    log, files = build(project, tmp_path / "out", cache="off", parts=parts)
+    assert origins(log) == {"affine": f"part {parts[0]}", "doubler": f"part {parts[1]}"}
+    assert files == reference
+
+    # A part that holds only some models: the build compiles the rest.
+    log, files = build(project, tmp_path / "partial", cache="off", parts=parts[:1])
+    assert origins(log) == {"affine": f"part {parts[0]}", "doubler": "compiled"}
+    assert files == reference
+
+
+def test_a_part_from_another_model_or_configuration_is_refused(project: Path, tmp_path: Path) -> None:
+    part = tmp_path / "part"
+    compile_part(project, part, "--models", "doubler")
+    other = tmp_path / "other"
+    shutil.copytree(project, other)
+
+    models = other / "src/twomodels/models.py"
+    models.write_text(models.read_text().replace("torch.tanh(x) * 2", "torch.tanh(x) * 3"))
+    log, files = build(other, tmp_path / "changed-code", cache="off", parts=[part], check=False)
+    assert files == {}
+    assert "model 'doubler' failed while taking cpu_avx2.bin from a part" in log
+    assert f"part {part} holds cpu_avx2.bin, but the model this build captured differs from the one the part compiled" in log
+
+    pyproject = other / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace("min = 1, max = 16", "min = 2, max = 16"))
+    log, files = build(other, tmp_path / "changed-config", cache="off", parts=[part], check=False)
+    assert files == {}
+    assert f"part {part}: model 'doubler' was compiled from another configuration (tool.hatch.build.hooks.precompile.models.doubler: dims differ)" in log
+
+
+def test_compile_part_names_unknown_models_and_targets(project: Path, tmp_path: Path) -> None:
+    result = run(
+        [sys.executable, "-m", "hatch_precompile", "compile-part", "--out", str(tmp_path / "p"), "--models", "nope", "--cpu-targets", "sse9", str(project)],
+        check=False,
+    )
+    assert result.returncode != 0
+    assert "--models: 'nope' is not declared" in result.stderr
+    assert not (tmp_path / "p").exists()
