@@ -55,6 +55,7 @@ class EntryStore:
     """A folder of entries, `<root>/<key[:2]>/<key>/`."""
 
     root: Path
+    prune: bool = True  # remove a damaged entry (the build cache); a part is the user's, left as it is
 
     def _folder(self, key: str) -> Path:
         return self.root / key[:2] / key
@@ -71,7 +72,8 @@ class EntryStore:
         except FileNotFoundError:
             return None
         except (OSError, ValueError, KeyError, TypeError):
-            shutil.rmtree(folder, ignore_errors=True)  # damaged: the caller compiles and stores it again
+            if self.prune:
+                shutil.rmtree(folder, ignore_errors=True)  # damaged: the caller compiles and stores it again
             return None
         for name in files:
             (model_dir / name).parent.mkdir(parents=True, exist_ok=True)
@@ -132,7 +134,7 @@ class ArtifactSources:
         if claim is not None:
             if claim.key != key:
                 raise PartMismatch(_mismatch(claim, file, built_with))
-            entry = EntryStore(claim.part).fetch(key, model_dir)
+            entry = EntryStore(claim.part, prune=False).fetch(key, model_dir)
             if entry is None:
                 raise PartMismatch(f"part {claim.part}: the entry for {file} is missing or damaged (a file's sha256 differs); copy the part again or rebuild it")
             return entry, f"part {claim.part}"

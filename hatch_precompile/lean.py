@@ -175,28 +175,30 @@ def check_in_fresh_process(candidates: list[LeanCandidate], kernels_dir: Path, s
     """Run every candidate in a new interpreter as the loader would; returns, per
     module file, "" if it matched or the reason it did not."""
     request = scratch / "lean-check.json"
-    request.write_text(
-        json.dumps(
-            {
-                "kernels_dir": str(kernels_dir),
-                "modules": [
-                    {
-                        "file": str(c.module_path),
-                        "data": str(c.data_path),
-                        "extern_kernels": c.artifact["lean"]["extern_kernels"],
-                        "inputs_to_check": c.artifact["lean"]["inputs_to_check"],
-                        "kernels": c.artifact["kernels"],
-                        "tolerance": c.tolerance,
-                    }
-                    for c in candidates
-                ],
-            }
-        ),
-        encoding="utf-8",
-    )
+    request.write_text(json.dumps({"kernels_dir": str(kernels_dir), "modules": [_check_request(c) for c in candidates]}), encoding="utf-8")
     done = subprocess.run([sys.executable, "-m", CHECK_MODULE, str(request)], capture_output=True, text=True)
     results_path = scratch / "lean-check.result.json"
     if done.returncode != 0 or not results_path.is_file():
         reason = f"the check process exited with {done.returncode}: {done.stderr.strip()[-1500:]}"
         return {str(c.module_path): reason for c in candidates}
     return json.loads(results_path.read_text(encoding="utf-8"))
+
+
+def check_in_this_process(candidates: list[LeanCandidate], kernels_dir: Path) -> dict[str, str]:
+    """The same check, here: for modules from the build cache or a part, which
+    passed the fresh-process check when they were compiled (the key pins their
+    code), and now meet this build's weights and example inputs."""
+    from .lean_check import check_all
+
+    return check_all([_check_request(c) for c in candidates], kernels_dir)
+
+
+def _check_request(candidate: LeanCandidate) -> dict[str, Any]:
+    return {
+        "file": str(candidate.module_path),
+        "data": str(candidate.data_path),
+        "extern_kernels": candidate.artifact["lean"]["extern_kernels"],
+        "inputs_to_check": candidate.artifact["lean"]["inputs_to_check"],
+        "kernels": candidate.artifact["kernels"],
+        "tolerance": candidate.tolerance,
+    }

@@ -40,14 +40,20 @@ def check(module: dict[str, Any], kernels_dir: Path) -> str:
     return ""
 
 
-def main(request_path: str) -> int:
-    request = json.loads(Path(request_path).read_text(encoding="utf-8"))
+def check_all(modules: list[dict[str, Any]], kernels_dir: Path) -> dict[str, str]:
+    """Per module file, "" if it matched or the reason it did not."""
     results = {}
-    for module in request["modules"]:
+    for module in modules:
         try:
-            results[module["file"]] = check(module, Path(request["kernels_dir"]))
+            results[module["file"]] = check(module, kernels_dir)
         except Exception as error:  # reported per module; the build ships the artifact form instead
             results[module["file"]] = f"running it failed: {type(error).__name__}: {error}"
+    return results
+
+
+def main(request_path: str) -> int:
+    request = json.loads(Path(request_path).read_text(encoding="utf-8"))
+    results = check_all(request["modules"], Path(request["kernels_dir"]))
     imported = [name for name in ("torch._inductor", "torch._dynamo") if name in sys.modules]
     if imported:
         results = {file: reason or f"running it imported {', '.join(imported)}" for file, reason in results.items()}

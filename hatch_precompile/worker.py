@@ -21,7 +21,10 @@ import time
 import traceback
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
+
+if TYPE_CHECKING:
+    from .compile import ProducedArtifact
 
 PROGRESS_PREFIX = "@hatch-precompile-progress "
 RESULT_FILE = "result.json"
@@ -45,12 +48,10 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     with _step("imported torch"):
         import torch  # noqa: F401  (timed on its own: seconds on a cold disk)
 
-        from .assemble import KERNELS_DIR
         from .cache import ArtifactSources
         from .capture import build_module, capture, shape_variants
-        from .compile import CHECK_DIR, ProducedArtifact, cpu_targets, lifted_weights, model_entry, produce_artifact, save_weights
+        from .compile import CHECK_DIR, cpu_targets, lifted_weights, model_entry, produce_artifact, save_weights
         from .errors import ModelBuildError
-        from .lean import check_in_fresh_process
     sources = ArtifactSources.from_json(request["sources"])
     with _step("built the module"):
         module = build_module(model)
@@ -72,15 +73,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
             source = "compiled" if artifact.origin == "compiled" else f"{artifact.origin}: {artifact.entry['file']}"
             _report(f"{target.name} ({shape}): {source}, {checked}", time.perf_counter() - started)
     assert first is not None and weights is not None
-    candidates = [a.candidate for a in produced if a.candidate is not None]
-    if candidates:
-        with _step(f"ran the lean form of {len(candidates)} artifact(s) in a fresh process and compared"):
-            reasons = check_in_fresh_process(candidates, out_dir / KERNELS_DIR, out_dir / CHECK_DIR)
-        for candidate in candidates:
-            reason = reasons.get(str(candidate.module_path), "the check did not report on it")
-            if reason:
-                candidate.module_path.unlink()
-                candidate.artifact["lean"] = {"refused": reason}
+    _check_lean_forms(produced, out_dir)
     shutil.rmtree(out_dir / CHECK_DIR, ignore_errors=True)
     for artifact in produced:
         if sources.keep is not None:
@@ -93,6 +86,32 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
         "keys": {a.entry["file"]: a.key for a in produced},
         "origins": {a.entry["file"]: a.origin for a in produced},
     }
+
+
+def _check_lean_forms(produced: list[ProducedArtifact], out_dir: Path) -> None:
+    """Run each lean module on the example inputs against its artifact and eager:
+    freshly compiled ones in a new interpreter, as the loader would; ones from the
+    build cache or a part here (they passed that check when compiled, and their
+    key pins their code). A module that fails is removed, and its artifact ships
+    in the artifact form only, with the reason in the manifest."""
+    from .assemble import KERNELS_DIR
+    from .compile import CHECK_DIR
+    from .lean import check_in_fresh_process, check_in_this_process
+
+    fresh = [a.candidate for a in produced if a.candidate is not None and a.origin == "compiled"]
+    reused = [a.candidate for a in produced if a.candidate is not None and a.origin != "compiled"]
+    reasons: dict[str, str] = {}
+    if fresh:
+        with _step(f"ran the lean form of {len(fresh)} artifact(s) in a fresh process and compared"):
+            reasons.update(check_in_fresh_process(fresh, out_dir / KERNELS_DIR, out_dir / CHECK_DIR))
+    if reused:
+        with _step(f"ran the lean form of {len(reused)} cached artifact(s) and compared"):
+            reasons.update(check_in_this_process(reused, out_dir / KERNELS_DIR))
+    for candidate in [*fresh, *reused]:
+        reason = reasons.get(str(candidate.module_path), "the check did not report on it")
+        if reason:
+            candidate.module_path.unlink()
+            candidate.artifact["lean"] = {"refused": reason}
 
 
 def main(request_path: str) -> int:

@@ -11,6 +11,9 @@ from typing import Any
 from ..assemble import PRECOMPILED_DIR
 from ._common import FAILED, OK, CommandError, print_json, table
 
+# The build backends that run the precompile build, and the distribution each needs.
+BACKENDS = {"hatchling.build": "hatchling", "hatch_precompile.setuptools_backend": "setuptools"}
+
 
 def init(args: argparse.Namespace) -> int:
     """Write the loader into PACKAGE_DIR/_precompiled/, as every build does.
@@ -134,8 +137,10 @@ def _build_system_warnings(build_system: dict[str, Any]) -> list[str]:
 
     warnings = []
     backend = build_system.get("build-backend")
-    if backend != "hatchling.build":
-        warnings.append(f"build-system.build-backend is {backend!r}, not 'hatchling.build': the precompile hook runs only under hatchling")
+    if backend not in BACKENDS:
+        warnings.append(
+            f"build-system.build-backend is {backend!r}: models are compiled only under {' or '.join(map(repr, BACKENDS))}"
+        )
     requirements = {}
     listed = build_system.get("requires", [])
     for text in listed if isinstance(listed, list) else []:
@@ -145,6 +150,8 @@ def _build_system_warnings(build_system: dict[str, Any]) -> list[str]:
             warnings.append(f"build-system.requires: {error}")
             continue
         requirements[canonicalize_name(requirement.name)] = requirement
+    if BACKENDS.get(backend) and BACKENDS[backend] not in requirements:
+        warnings.append(f"build-system.requires lacks {BACKENDS[backend]!r}, which {backend!r} needs")
     if "hatch-precompile" not in requirements:
         warnings.append("build-system.requires lacks 'hatch-precompile': an isolated build cannot find the precompile hook")
     torch = requirements.get("torch")
