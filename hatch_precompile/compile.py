@@ -157,15 +157,20 @@ def artifact_key(model: dict[str, Any], captured: Captured, fixed: dict[str, int
 
 
 def _graph_text(graph: torch.fx.Graph) -> list[str]:
-    lines = []
-    for node in graph.nodes:
-        value = node.meta.get("val")
-        if isinstance(value, torch.Tensor):
-            described = f"{value.dtype} {value.device} {tuple(value.shape)} {value.stride()}"
-        else:
-            described = repr(value) if isinstance(value, (int, float, bool, str, type(None))) else type(value).__name__
-        lines.append(f"{node.format_node()} :: {described}")
-    return lines
+    return [f"{node.format_node()} :: {_describe_value(node.meta.get('val'))}" for node in graph.nodes]
+
+
+def _describe_value(value: Any) -> str:
+    """What inductor compiles a node's value as: a tensor's dtype, device, shape and
+    strides (symbolic sizes by their expressions), a symbolic or constant scalar's
+    expression, each element of a list or tuple."""
+    if isinstance(value, torch.Tensor):
+        return f"{value.dtype} {value.device} {tuple(map(str, value.shape))} {tuple(map(str, value.stride()))}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(map(_describe_value, value)) + "]"
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool, str, type(None))):
+        return str(value)
+    return type(value).__name__
 
 
 @dataclass
