@@ -1,38 +1,34 @@
-"""Compile captured models for each CPU target, check them against eager, write files.
+"""Produce each artifact of a captured model, check it against eager, describe it.
 
-Runs in the compile worker. Writes into `out_dir` the weights (the compiled graph
-takes parameters, buffers and constants as call arguments, so they are stored
-once, as safetensors), one artifact per shape variant and CPU target, and the
-compiled kernels each artifact loads (`kernels/k_<key>.so`, shared between
-artifacts when identical), and describes them for the manifest.
+Runs in the compile worker. For each shape variant and CPU target, takes the
+artifact from a part or the build cache when one holds it under its key
+(`key.py`), else compiles it; writes into `out_dir` the artifact, its lean module
+and the compiled kernels it loads (`kernels/k_<key>.so`, shared between
+artifacts when identical), runs it on the example inputs against eager, and
+describes it for the manifest. The weights are `weights.py`'s.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import json
-import platform
 import shutil
-import sys
-import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from . import torch_internals
 from .assemble import KERNELS_DIR, kernel_file
-from .cache import ArtifactSources, PartMismatch, plugin_fingerprint
+from .cache import ArtifactSources, PartMismatch
 from .capture import Captured, _torch_error
 from .errors import ModelBuildError
-from . import torch_internals
+from .key import artifact_key, build_environment
 from .lean import LeanCandidate, LeanRefused, rewrite
 from .runtime import _torch_private
 from .native import UnprovidedLibraryError, read_needs, system_needs, torch_libraries
 from .targets import CPU_TARGETS, CpuTarget, features_from_flags, is_x86_64
+from .weights import lifted_weights
 
-WEIGHTS_FILE = "weights.safetensors"
 CHECK_DIR = "lean-check"  # scratch: inputs and expected outputs for the fresh-process check
 
 # Compiled and eager results differ by reassociation and fused math only; half
@@ -43,53 +39,6 @@ TOLERANCE = {
 }
 DEFAULT_TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
 
-_LIFTED_KINDS = ("PARAMETER", "BUFFER", "CONSTANT_TENSOR")
-
-
-def lifted_weights(captured: Captured) -> dict[str, torch.Tensor]:
-    """The parameters, buffers and constants the compiled graph takes before the
-    user inputs, by state-dict name, in that order."""
-    exported = captured.exported
-    return {
-        s.target: _lifted_tensor(exported, s.target)
-        for s in exported.graph_signature.input_specs
-        if s.kind.name in _LIFTED_KINDS
-    }
-
-
-def save_weights(model: dict[str, Any], captured: Captured, out_dir: Path) -> dict[str, Any]:
-    """Write what the wheel ships of the weights; return the manifest's description:
-    every lifted tensor's kind, shape and dtype (the loader checks weights given at
-    run time against it). `embed` ships all of them; `factory` only the constants,
-    which no module attribute holds."""
-    kinds = {s.target: s.kind.name for s in captured.exported.graph_signature.input_specs if s.kind.name in _LIFTED_KINDS}
-    tensors = lifted_weights(captured)
-    shipped = {n: t for n, t in tensors.items() if model["weights"] == "embed" or kinds[n] == "CONSTANT_TENSOR"}
-    entry: dict[str, Any] = {
-        "mode": model["weights"],
-        "order": list(tensors),
-        "specs": {
-            n: {"kind": kinds[n], "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
-            for n, t in tensors.items()
-        },
-    }
-    if shipped:
-        from safetensors.torch import save_file
-
-        # Tied weights are lifted once per name but are one tensor: store it once.
-        first_name: dict[tuple[Any, ...], str] = {}
-        aliases = {}
-        for n, t in shipped.items():
-            identity = (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype)
-            if identity in first_name:
-                aliases[n] = first_name[identity]
-            else:
-                first_name[identity] = n
-        # safetensors refuses tensors that share memory (views): store copies.
-        unique = {n: t.contiguous().clone() for n, t in shipped.items() if n not in aliases}
-        save_file(unique, str(out_dir / WEIGHTS_FILE))
-        entry.update(file=WEIGHTS_FILE, aliases=aliases)
-    return entry
 
 
 def model_entry(
@@ -129,50 +78,6 @@ def artifact_file(target: CpuTarget, fixed: dict[str, int]) -> str:
     return f"cpu_{target.name}{''.join(f'_{dim}{size}' for dim, size in sorted(fixed.items()))}.bin"
 
 
-def artifact_key(model: dict[str, Any], captured: Captured, fixed: dict[str, int], target: CpuTarget) -> str:
-    """What an artifact is compiled from, hashed: equal keys compile to the same bytes.
-
-    The graph (with every node's shape, stride and dtype), its signature and
-    symbolic ranges, the inputs, dims and shape variant, the inductor options and
-    CPU target, the torch build and Python, and this plugin's code. Weight values
-    are not in it (the graph takes them as inputs), except where inductor's
-    `freezing` compiles them in as constants."""
-    exported = captured.exported
-    parts: dict[str, Any] = {
-        "graphs": {name: _graph_text(gm.graph) for name, gm in exported.graph_module.named_modules() if hasattr(gm, "graph")},
-        "signature": str(exported.graph_signature),
-        "ranges": {str(symbol): str(bounds) for symbol, bounds in exported.range_constraints.items()},
-        "inputs": [captured.input_tree, captured.input_leaves],
-        "model": {k: model[k] for k in ("dims", "dtype", "options", "outputs", "weights")},
-        "fixed": fixed,
-        "target": dataclasses.asdict(target),
-        "built_with": build_environment(),
-        "plugin": plugin_fingerprint(),
-    }
-    digest = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode())
-    if model["options"].get("freezing"):
-        for name, tensor in lifted_weights(captured).items():
-            digest.update(name.encode() + tensor.contiguous().cpu().numpy().tobytes())
-    return digest.hexdigest()
-
-
-def _graph_text(graph: torch.fx.Graph) -> list[str]:
-    return [f"{node.format_node()} :: {_describe_value(node.meta.get('val'))}" for node in graph.nodes]
-
-
-def _describe_value(value: Any) -> str:
-    """What inductor compiles a node's value as: a tensor's dtype, device, shape and
-    strides (symbolic sizes by their expressions), a symbolic or constant scalar's
-    expression, each element of a list or tuple."""
-    if isinstance(value, torch.Tensor):
-        return f"{value.dtype} {value.device} {tuple(map(str, value.shape))} {tuple(map(str, value.stride()))}"
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(map(_describe_value, value)) + "]"
-    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool, str, type(None))):
-        return str(value)
-    return type(value).__name__
-
-
 @dataclass
 class ProducedArtifact:
     """An artifact in its model's folder, where it came from, and its lean module
@@ -198,18 +103,17 @@ def produce_artifact(
         entry, origin = sources.fetch(key, file, out_dir, build_environment())
     except PartMismatch as mismatch:
         raise ModelBuildError(name, f"taking {file} from a part", str(mismatch)) from None
-    weights = list(lifted_weights(captured).values())
-    flat_inputs = torch_internals.tree_leaves((captured.args, captured.kwargs))
+    flat = [*lifted_weights(captured).values(), *torch_internals.tree_leaves((captured.args, captured.kwargs))]
     if entry is None:
-        entry, outputs, source = _compile(model, captured, fixed, target, out_dir, file, [*weights, *flat_inputs])
+        entry, outputs, output_module = _compile(model, captured, fixed, target, out_dir, file, flat)
         origin = "compiled"
-        entry["lean"] = _static_lean_record(model, captured, source, entry, out_dir)
+        entry["lean"] = _static_lean_record(model, captured, output_module, entry, out_dir)
     elif not set(entry["cpu_features"]) <= {f for f, present in torch.cpu.get_capabilities().items() if present is True}:
         return ProducedArtifact(entry, key, origin, None, checked_here=False)
     else:
-        outputs = _run_saved(out_dir, entry, [*weights, *flat_inputs])
+        outputs = _run_saved(out_dir, entry, flat)
     _check_matches_eager(name, outputs, captured.eager_outputs)
-    candidate = _lean_candidate(captured, entry, [*weights, *flat_inputs], outputs, out_dir)
+    candidate = _lean_candidate(captured, entry, flat, outputs, out_dir)
     return ProducedArtifact(entry, key, origin, candidate, checked_here=True)
 
 
@@ -311,23 +215,6 @@ def _lean_candidate(
     torch.save({"flat": flat, "artifact": list(artifact_outputs), "eager": list(captured.eager_outputs)}, data_path)
     tolerance = [TOLERANCE.get(e.dtype, DEFAULT_TOLERANCE) for e in captured.eager_outputs]
     return LeanCandidate(entry, module_path, data_path, tolerance)
-
-
-def build_environment() -> dict[str, str]:
-    """What an artifact depends on; the loader compares these with the running process."""
-    return {
-        "torch": torch.__version__,
-        "torch_git": torch.version.git_version,
-        "torch_key": torch_internals.torch_key().hex(),
-        "python": f"{sys.version_info.major}.{sys.version_info.minor}",
-        "platform": sysconfig.get_platform(),
-        "machine": platform.machine(),
-    }
-
-
-def _lifted_tensor(exported: torch.export.ExportedProgram, target: str) -> torch.Tensor:
-    tensor = exported.state_dict[target] if target in exported.state_dict else exported.constants[target]
-    return tensor.detach()
 
 
 def _check_matches_eager(name: str, compiled: list[Any], eager: list[Any]) -> None:

@@ -30,6 +30,9 @@ from .jobs import CompiledModel
 PARTS_VARIABLE = "HATCH_PRECOMPILE_PARTS"
 PART_FILE = "part.json"
 PART_FORMAT = 1
+# A model's configuration keys that decide what is captured and compiled; the
+# others (fallback, outputs, weights, cpu_targets) may change after a part is made.
+COMPILED_FROM = ("factory", "example_inputs", "args", "kwargs", "dims", "dtype", "options")
 
 
 def parts_from_environment() -> list[Path]:
@@ -60,7 +63,7 @@ def read_parts(folders: list[Path], config: PrecompileConfig) -> dict[str, dict[
             if model is None:
                 problems.append(f"part {folder} holds model {name!r}, which {TABLE}.models does not declare")
                 continue
-            changed = sorted(k for k, v in model.to_json().items() if held["config"].get(k) != v)
+            changed = sorted(k for k, v in model.to_json().items() if k in COMPILED_FROM and held["config"].get(k) != v)
             if changed:
                 problems.append(
                     f"part {folder}: model {name!r} was compiled from another configuration "

@@ -50,7 +50,8 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
 
         from .cache import ArtifactSources
         from .capture import build_module, capture, shape_variants
-        from .compile import CHECK_DIR, cpu_targets, lifted_weights, model_entry, produce_artifact, save_weights
+        from .compile import CHECK_DIR, cpu_targets, model_entry, produce_artifact
+        from .weights import lifted_weights, save_weights
         from .errors import ModelBuildError
     sources = ArtifactSources.from_json(request["sources"])
     with _step("built the module"):

@@ -1,0 +1,81 @@
+"""What an artifact is compiled from, hashed: the build cache's and parts' key.
+
+Equal keys compile to the same bytes (builds are reproducible), so an artifact
+stored under its key can stand in for a compile. Anything that changes what
+inductor produces must be in the key; anything else must not be, or a rebuild
+would miss for nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import platform
+import sys
+import sysconfig
+from typing import Any
+
+import torch
+
+from . import torch_internals
+from .cache import plugin_fingerprint
+from .capture import Captured
+from .targets import CpuTarget
+from .weights import lifted_weights
+
+
+def artifact_key(model: dict[str, Any], captured: Captured, fixed: dict[str, int], target: CpuTarget) -> str:
+    """What an artifact is compiled from, hashed: equal keys compile to the same bytes.
+
+    The graph (with every node's shape, stride and dtype), its signature and
+    symbolic ranges, the inputs, dims and shape variant, the inductor options and
+    CPU target, the torch build and Python, and this plugin's code. Weight values
+    are not in it (the graph takes them as inputs), except where inductor's
+    `freezing` compiles them in as constants."""
+    exported = captured.exported
+    parts: dict[str, Any] = {
+        "graphs": {name: _graph_text(gm.graph) for name, gm in exported.graph_module.named_modules() if hasattr(gm, "graph")},
+        "signature": str(exported.graph_signature),
+        "ranges": {str(symbol): str(bounds) for symbol, bounds in exported.range_constraints.items()},
+        "inputs": [captured.input_tree, captured.input_leaves],
+        "model": {k: model[k] for k in ("dims", "dtype", "options")},
+        "fixed": fixed,
+        "target": dataclasses.asdict(target),
+        "built_with": build_environment(),
+        "plugin": plugin_fingerprint(),
+    }
+    digest = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode())
+    if model["options"].get("freezing"):
+        for name, tensor in lifted_weights(captured).items():
+            digest.update(name.encode() + tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _graph_text(graph: torch.fx.Graph) -> list[str]:
+    return [f"{node.format_node()} :: {_describe_value(node.meta.get('val'))}" for node in graph.nodes]
+
+
+def _describe_value(value: Any) -> str:
+    """What inductor compiles a node's value as: a tensor's dtype, device, shape and
+    strides (symbolic sizes by their expressions), a symbolic or constant scalar's
+    expression, each element of a list or tuple."""
+    if isinstance(value, torch.Tensor):
+        return f"{value.dtype} {value.device} {tuple(map(str, value.shape))} {tuple(map(str, value.stride()))}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(map(_describe_value, value)) + "]"
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool, str, type(None))):
+        return str(value)
+    return type(value).__name__
+
+
+def build_environment() -> dict[str, str]:
+    """What an artifact depends on; the loader compares these with the running process."""
+    return {
+        "torch": torch.__version__,
+        "torch_git": torch.version.git_version,
+        "torch_key": torch_internals.torch_key().hex(),
+        "python": f"{sys.version_info.major}.{sys.version_info.minor}",
+        "platform": sysconfig.get_platform(),
+        "machine": platform.machine(),
+    }
