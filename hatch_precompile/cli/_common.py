@@ -18,7 +18,7 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in [header, *rows])
 
 
-def fields(fields: dict[str, str]) -> str:
+def field_lines(fields: dict[str, str]) -> str:
     width = max(map(len, fields)) + 1
     return "\n".join(f"  {(key + ':').ljust(width)} {value}" for key, value in fields.items())
 

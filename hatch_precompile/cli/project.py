@@ -116,15 +116,15 @@ def _read_project(pyproject: Path) -> tuple[Any, list[str], list[str]]:
         return None, [f"{pyproject} is not valid TOML: {error}"], []
     build_system = document.get("build-system")
     warnings = _build_system_warnings(build_system if isinstance(build_system, dict) else {})
-    table: Any = document
+    section: Any = document
     for key in TABLE.split("."):
-        table = table.get(key) if isinstance(table, dict) else None
-    if table is None:
+        section = section.get(key) if isinstance(section, dict) else None
+    if section is None:
         return None, [f"no [{TABLE}] table; add it, with one [{TABLE}.models.NAME] table per model"], warnings
-    if not isinstance(table, dict):
-        return None, [f"{TABLE}: expected a table, found {type(table).__name__}"], warnings
+    if not isinstance(section, dict):
+        return None, [f"{TABLE}: expected a table, found {type(section).__name__}"], warnings
     try:
-        return parse_config(table), [], warnings
+        return parse_config(section), [], warnings
     except ConfigError as error:
         return None, error.problems, warnings
 

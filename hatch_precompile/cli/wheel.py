@@ -21,7 +21,7 @@ from typing import Any
 
 from ..assemble import PRECOMPILED_DIR  # no torch: assemble reads what it needs from distribution metadata
 
-from ._common import FAILED, OK, CommandError, fields, print_json, table
+from ._common import FAILED, OK, CommandError, field_lines, print_json, table
 
 
 
@@ -158,7 +158,7 @@ def inspect(args: argparse.Namespace) -> int:
         "compiled with": f"torch {', '.join(summary['compiled_with'])}, Python {', '.join(summary['python'])}",
         "package": f"{summary['package']}, built by {summary['built_by']}",
     }
-    print(fields(fields))
+    print(field_lines(fields))
     print()
     header = ["model", "artifact", "CPU target", "shape variant", "size", "load forms"]
     print(table(header, [[r["model"], r["artifact"], r["cpu_target"], r["shape"], _human(r["size"]), _forms_text(r)] for r in rows]))
@@ -300,7 +300,7 @@ def _file_result(name: str, against: str, problem: str) -> dict[str, Any]:
 def _verify_manifest(wheel: Wheel) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """The manifest checked against the digest in _build.py, as the loader checks it."""
     from ..runtime import PrecompiledModelError
-    from .runtime._manifest import checked_manifest
+    from ..runtime._manifest import checked_manifest
 
     name, build = wheel.precompiled + "manifest.json", wheel.precompiled + "_build.py"
     digest = _recorded_digest(wheel.read(build)) if build in wheel.archive.namelist() else None
@@ -315,8 +315,8 @@ def _verify_manifest(wheel: Wheel) -> tuple[dict[str, Any] | None, list[dict[str
 def _listed_file_problem(wheel: Wheel, record: dict[str, Any]) -> str:
     """How a file the manifest lists differs from its record (size, sha256, and for
     an artifact its header's torch key), as the loader checks it; "" if it matches."""
-    from .runtime._manifest import digest_mismatch
-    from .runtime._torch_private import ArtifactFormatError, split_artifact
+    from ..runtime._manifest import digest_mismatch
+    from ..runtime._torch_private import ArtifactFormatError, split_artifact
 
     try:
         data = wheel.read(wheel.precompiled + record["file"])
