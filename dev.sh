@@ -112,7 +112,7 @@ case "${1:-}" in
     if [ $# -gt 0 ]; then
       test_suite "$@"
     else
-      test_suite
+      test_suite --durations=15  # the slowest tests, to keep CI's time in view
       for release in $OTHER_RELEASES; do leg "$release"; done
     fi
     ;;
