@@ -12,6 +12,7 @@ import os
 import shutil
 import sys
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -70,20 +71,43 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_project(tmp_path_factory.mktemp("two"), "twomodels", MODELS, TABLE)
 
 
+@dataclass(frozen=True)
+class ColdBuild:
+    log: str
+    files: dict[str, bytes]  # its _precompiled/
+    home: Path  # its XDG_CACHE_HOME, where the build cache would default to
+
+
 @pytest.fixture(scope="module")
-def reference(project: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
-    """`_precompiled/` of a cold build, no cache, one worker at a time."""
-    _, files = build(project, tmp_path_factory.mktemp("reference"), cache="off", jobs="1")
-    return files
+def cold(project: Path, tmp_path_factory: pytest.TempPathFactory) -> ColdBuild:
+    """A cold build with the cache off, one worker at a time: the reference."""
+    home = tmp_path_factory.mktemp("xdg-cache")
+    log, files = build(project, tmp_path_factory.mktemp("reference"), cache="off", jobs="1", extra={"XDG_CACHE_HOME": str(home)})
+    return ColdBuild(log, files, home)
 
 
-def build(project: Path, out: Path, *, cache: Path | str, jobs: str = "2", parts: list[Path] = (), check: bool = True) -> tuple[str, dict[str, bytes]]:
+@pytest.fixture(scope="module")
+def reference(cold: ColdBuild) -> dict[str, bytes]:
+    return cold.files
+
+
+def build(
+    project: Path,
+    out: Path,
+    *,
+    cache: Path | str,
+    jobs: str = "2",
+    parts: list[Path] = (),
+    check: bool = True,
+    extra: dict[str, str] | None = None,
+) -> tuple[str, dict[str, bytes]]:
     """Build the project's wheel into `out`; (the build's output, its `_precompiled/` files)."""
     env = {
         **os.environ,
         "HATCH_PRECOMPILE_BUILD_CACHE": str(cache),
         "HATCH_PRECOMPILE_JOBS": jobs,
         "HATCH_PRECOMPILE_PARTS": os.pathsep.join(map(str, parts)),
+        **(extra or {}),
     }
     result = run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), str(project)], env=env, check=check)
     log = result.stdout + result.stderr
@@ -154,9 +178,9 @@ def test_changing_one_model_recompiles_only_that_model(project: Path, tmp_path: 
     assert origins(log) == {"affine": "cached", "doubler": "compiled"}
 
 
-def test_the_cache_can_be_turned_off(project: Path, tmp_path: Path) -> None:
-    log, _ = build(project, tmp_path / "out", cache="off", jobs="1")
-    assert origins(log) == {"affine": "compiled", "doubler": "compiled"}
+def test_the_cache_can_be_turned_off(cold: ColdBuild) -> None:
+    assert origins(cold.log) == {"affine": "compiled", "doubler": "compiled"}
+    assert list(cold.home.iterdir()) == []  # nothing written where the cache would be
 
 
 def test_parts_compiled_apart_assemble_into_the_same_wheel(project: Path, reference: dict[str, bytes], tmp_path: Path) -> None:
