@@ -157,18 +157,29 @@ def example_build(tmp_path_factory: pytest.TempPathFactory, wheelhouse: Path) ->
     project = tmp_path_factory.mktemp("example") / "example_project"
     shutil.copytree(EXAMPLE, project, ignore=shutil.ignore_patterns("dist", "__pycache__"))
     pin_build_torch(project / "pyproject.toml")
+    return build_sdist_and_wheel(project, wheelhouse)
+
+
+def build_sdist_and_wheel(project: Path, wheelhouse: Path) -> ExampleBuild:
+    """`python -m build` with isolation, as a user would: the sdist, then the wheel
+    from it; this checkout's hatch-precompile comes from `wheelhouse`."""
     result = run([sys.executable, "-m", "build", str(project)], env=with_find_links(wheelhouse))
     (sdist,) = (project / "dist").glob("*.tar.gz")
     (wheel,) = (project / "dist").glob("*.whl")
     return ExampleBuild(sdist, wheel, result.stdout + result.stderr)
 
 
+def deploy(wheel: Path, folder: Path) -> Venv:
+    """A fresh environment at `folder` with only `wheel` and what its metadata requires."""
+    env = make_venv(folder)
+    env.pip(str(wheel))
+    return env
+
+
 @pytest.fixture(scope="session")
 def deploy_venv(tmp_path_factory: pytest.TempPathFactory, example_build: ExampleBuild) -> Venv:
     """A fresh environment with only the example wheel and what its metadata requires."""
-    env = make_venv(tmp_path_factory.mktemp("deploy") / "venv")
-    env.pip(str(example_build.wheel))
-    return env
+    return deploy(example_build.wheel, tmp_path_factory.mktemp("deploy") / "venv")
 
 
 @pytest.fixture(scope="session")

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from conftest import REPO, ExampleBuild, Venv, make_venv, no_compiler_env, pin_build_torch, run, with_find_links
+from conftest import REPO, ExampleBuild, Venv, build_sdist_and_wheel, deploy, no_compiler_env, pin_build_torch, run
 from hatch_precompile.assemble import RUNTIME_FILES
 from hatch_precompile.distfiles import rewrite_wheel, with_requirements
 
@@ -47,19 +47,13 @@ def copy_example(folder: Path) -> Path:
 @pytest.fixture(scope="module")
 def st_build(tmp_path_factory: pytest.TempPathFactory, wheelhouse: Path) -> ExampleBuild:
     """`python -m build` of the setuptools example, with build isolation: sdist, then wheel from the sdist."""
-    project = copy_example(tmp_path_factory.mktemp("setuptools-example"))
-    result = run([sys.executable, "-m", "build", str(project)], env=with_find_links(wheelhouse))
-    (sdist,) = (project / "dist").glob("*.tar.gz")
-    (wheel,) = (project / "dist").glob("*.whl")
-    return ExampleBuild(sdist, wheel, result.stdout + result.stderr)
+    return build_sdist_and_wheel(copy_example(tmp_path_factory.mktemp("setuptools-example")), wheelhouse)
 
 
 @pytest.fixture(scope="module")
 def st_venv(tmp_path_factory: pytest.TempPathFactory, st_build: ExampleBuild) -> Venv:
     """A fresh environment with only the example's wheel and what its metadata requires."""
-    env = make_venv(tmp_path_factory.mktemp("setuptools-deploy") / "venv")
-    env.pip(str(st_build.wheel))
-    return env
+    return deploy(st_build.wheel, tmp_path_factory.mktemp("setuptools-deploy") / "venv")
 
 
 def _tag(wheel: Path) -> str:
