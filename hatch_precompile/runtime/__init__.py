@@ -1,10 +1,11 @@
 """Loads the models that hatch-precompile compiled into this package.
 
 This folder is written into wheels as `<package>/_precompiled/` by the
-hatch-precompile build hook; keep the same copy in your source tree (run
-`python -m hatch_precompile init`) so that `from ._precompiled import load_compiled`
-works in a source checkout and an editable install too. It needs torch and the
-standard library only (safetensors when a model ships its weights).
+hatch-precompile build. Every build, editable installs included, also writes it
+into the source tree (generated, like a version file: keep `_precompiled/` in
+.gitignore), so that `from ._precompiled import load_compiled` works in a source
+checkout and an editable install too. It needs torch and the standard library
+only (safetensors when a model ships its weights).
 
     from example_pkg import load_compiled
     encoder = load_compiled("encoder")   # loads once per process, thread-safe
