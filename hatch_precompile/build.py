@@ -79,14 +79,14 @@ def precompile(root: Path, config: PrecompileConfig, package: str, package_dir: 
     into `staging`, and lay out the wheel's `_precompiled/` there."""
     claims = read_parts(parts_from_environment(), config)
     report.info(f"precompile: compiling with torch {torch_version()}; the wheel requires {runtime_requirements()[0]}")
-    cache = default_cache_dir()
+    cache = _build_cache()
     plan = BuildPlan(
         root=root,
         import_paths=import_paths(root, package_dir),
         staging=staging,
         jobs=_jobs_setting(config) or default_jobs(len(config.models)),
-        cache=EntryStore(cache) if cache else None,
-        keep=EntryStore(cache) if cache else None,
+        cache=cache,
+        keep=cache,
         claims=claims,
     )
     started = time.perf_counter()
@@ -123,7 +123,7 @@ def compile_part(
             import_paths=import_paths(project, package_dir),
             staging=staging,
             jobs=jobs or _jobs_setting(config) or default_jobs(len(chosen)),
-            cache=EntryStore(cache) if (cache := default_cache_dir()) else None,
+            cache=_build_cache(),
             keep=EntryStore(out),
             claims={},
         )
@@ -134,6 +134,12 @@ def compile_part(
         raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _build_cache() -> EntryStore | None:
+    """The user's build cache, None when turned off."""
+    folder = default_cache_dir()
+    return EntryStore(folder) if folder else None
 
 
 def _origins(compiled: dict[str, CompiledModel]) -> str:

@@ -2,7 +2,7 @@
 
 An entry is one artifact with everything the wheel ships for it: the artifact
 file, its lean module if any, its kernels, and its manifest entry as the build
-left it. It is stored under its key (`compile.artifact_key`: the exported graph,
+left it. It is stored under its key (`key.artifact_key`: the exported graph,
 the inputs and dims, the inductor options, the CPU target, the torch build,
 Python and this plugin's code), so an entry is only found by a compile that
 would have produced the same bytes.

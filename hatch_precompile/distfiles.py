@@ -15,6 +15,7 @@ permissions, so two builds of the same source give byte-identical wheels.
 from __future__ import annotations
 
 import base64
+import csv
 import gzip
 import hashlib
 import io
@@ -170,6 +171,7 @@ def _write_wheel(path: Path, entries: dict[str, _Entry], record_name: str) -> No
         return info
 
     record = io.StringIO()
+    rows = csv.writer(record, lineterminator="\n")  # RECORD is CSV; names with commas or quotes get quoted
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as wheel:
         for name in order:
             entry = entries[name]
@@ -181,16 +183,15 @@ def _write_wheel(path: Path, entries: dict[str, _Entry], record_name: str) -> No
                     size += len(block)
             if size != entry.size:
                 raise RuntimeError(f"hatch-precompile: {name} changed while the wheel was written ({entry.size} -> {size} bytes)")
-            hash_text = base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode("ascii")
-            record.write(f"{_record_path(name)},sha256={hash_text},{size}\n")
-        record.write(f"{_record_path(record_name)},,\n")
+            rows.writerow([name, record_hash(digest.digest()), size])
+        rows.writerow([record_name, "", ""])
         data = record.getvalue().encode("utf-8")
         wheel.writestr(zip_info(record_name, False, len(data)), data)
 
 
-def _record_path(name: str) -> str:
-    """A path as RECORD's CSV holds it (quoted when it has a comma or quote)."""
-    return f'"{name.replace(chr(34), chr(34) * 2)}"' if any(c in name for c in ',"\n') else name
+def record_hash(sha256: bytes) -> str:
+    """A file's hash as RECORD writes it: `sha256=` and urlsafe base64 without padding."""
+    return "sha256=" + base64.urlsafe_b64encode(sha256).rstrip(b"=").decode("ascii")
 
 
 # --- the sdist -------------------------------------------------------------------

@@ -48,8 +48,7 @@ class BuildPlan:
 
 @dataclass(frozen=True)
 class CompiledModel:
-    entry: dict[str, Any]  # the model's manifest entry; its files lie in `folder`
-    folder: Path
+    entry: dict[str, Any]  # the model's manifest entry; its files lie in the staging folder's `<model>/`
     keys: dict[str, str]  # artifact file -> cache key
     origins: dict[str, str]  # artifact file -> "compiled", "cached" or "part <folder>"
 
@@ -135,7 +134,7 @@ def _compile_one(
         raise ModelBuildError(model.name, "compiling", f"the compile worker exited with {worker.returncode}:\n{tail}")
     result_path.unlink()
     done(f"precompile: {model.name}: done in {time.perf_counter() - started:.1f} s")
-    return CompiledModel(result["entry"], out_dir, result["keys"], result["origins"])
+    return CompiledModel(result["entry"], result["keys"], result["origins"])
 
 
 class _Workers:

@@ -16,20 +16,31 @@ _NOT_PACKAGES = {"tests", "test", "docs", "examples", "benchmarks", "scripts"}
 
 
 
-def read_table(root: Path) -> dict[str, Any]:
-    """The raw `[tool.hatch.build.hooks.precompile]` table of `root`/pyproject.toml."""
+def read_pyproject(root: Path) -> dict[str, Any]:
+    """`root`/pyproject.toml, parsed; ConfigError when it is missing or not TOML."""
     pyproject = root / "pyproject.toml"
     try:
-        data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+        return tomllib.loads(pyproject.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError([f"{pyproject}: not found; run this in the project's folder or name it"]) from None
-    except tomllib.TOMLDecodeError as error:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
         raise ConfigError([f"{pyproject}: not valid TOML: {error}"]) from None
-    table: Any = data
+
+
+def precompile_table(document: dict[str, Any]) -> Any:
+    """The `[tool.hatch.build.hooks.precompile]` value of a parsed pyproject.toml, or None."""
+    table: Any = document
     for key in TABLE.split("."):
         table = table.get(key) if isinstance(table, dict) else None
+    return table
+
+
+def read_table(root: Path, document: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The raw `[tool.hatch.build.hooks.precompile]` table of `root`/pyproject.toml
+    (`document`, where the caller has already parsed it)."""
+    table = precompile_table(read_pyproject(root) if document is None else document)
     if table is None:
-        raise ConfigError([f"{pyproject}: no [{TABLE}] table; declare the models there (see the README)"])
+        raise ConfigError([f"{root / 'pyproject.toml'}: no [{TABLE}] table; declare the models there (see the README)"])
     return table
 
 

@@ -35,7 +35,6 @@ import contextlib
 import shutil
 import sys
 import tempfile
-import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -44,7 +43,7 @@ from .assemble import PRECOMPILED_DIR, runtime_requirements
 from .build import Reporter, check_sdist_pins, precompile, ready_source
 from .config import TABLE, ConfigError, PrecompileConfig, parse_config
 from .distfiles import rewrite_sdist, rewrite_wheel, with_requirements
-from .project import find_package, read_table
+from .project import find_package, read_pyproject, read_table
 
 try:
     from setuptools import build_meta as _setuptools
@@ -157,8 +156,9 @@ def _project(root: Path) -> tuple[PrecompileConfig, list[str]]:
 def _table_build_requirements(root: Path) -> list[str]:
     """hatchling's hook keys for extra build requirements, read from pyproject.toml
     (static `[project]` fields only: nothing is built to resolve dynamic ones)."""
-    table = read_table(root)
-    project = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8")).get("project", {})
+    document = read_pyproject(root)
+    table = read_table(root, document)
+    project = document.get("project", {})
     requirements: list[Any] = list(table.get("dependencies", []))
     problems = []
     if table.get("require-runtime-dependencies") is True:

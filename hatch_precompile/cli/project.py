@@ -106,19 +106,16 @@ def check(args: argparse.Namespace) -> int:
 
 def _read_project(pyproject: Path) -> tuple[Any, list[str], list[str]]:
     """(the parsed configuration or None, problems, warnings)."""
-    import tomllib
-
     from ..config import TABLE, ConfigError, parse_config
+    from ..project import precompile_table, read_pyproject
 
     try:
-        document = tomllib.loads(pyproject.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
-        return None, [f"{pyproject} is not valid TOML: {error}"], []
+        document = read_pyproject(pyproject.parent)
+    except ConfigError as error:
+        return None, error.problems, []
     build_system = document.get("build-system")
     warnings = _build_system_warnings(build_system if isinstance(build_system, dict) else {})
-    section: Any = document
-    for key in TABLE.split("."):
-        section = section.get(key) if isinstance(section, dict) else None
+    section = precompile_table(document)
     if section is None:
         return None, [f"no [{TABLE}] table; add it, with one [{TABLE}.models.NAME] table per model"], warnings
     if not isinstance(section, dict):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import base64
 import csv
 import hashlib
 import io
@@ -21,6 +20,7 @@ from typing import Any
 
 from ..assemble import PRECOMPILED_DIR  # no torch: assemble reads what it needs from distribution metadata
 
+from ..distfiles import record_hash
 from ._common import FAILED, OK, CommandError, field_lines, print_json, table
 
 
@@ -339,7 +339,7 @@ def _record_mismatch(wheel: Wheel, name: str, expected_hash: str, expected_size:
         data = wheel.read(name)
     except CommandError as error:
         return f"cannot be read from the archive: {error.__cause__}"
-    actual = "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    actual = record_hash(hashlib.sha256(data).digest())
     if actual == expected_hash and expected_size == str(len(data)):
         return ""
     return f"does not match the wheel's RECORD (size {len(data)}, expected {expected_size}; sha256 {'matches' if actual == expected_hash else 'differs'})"
