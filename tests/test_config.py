@@ -116,6 +116,7 @@ def test_example_inputs_callable_with_dim_axes() -> None:
         ({"models": {"m": model()}, "fallbak": "eager"}, f"{T}.fallbak: unknown key; did you mean `fallback`?"),
         ({"models": {"m": model()}, "fallback": "never"}, f"{T}.fallback: expected one of 'eager', 'error', found a string 'never'"),
         ({"models": {}}, f"{T}.models: no models declared"),
+        ({"models": {"m": model()}, "jobs": 0}, f"{T}.jobs: expected an integer >= 1, found 0"),
         ({"models": {"m": model()}, "package": "my-pkg"}, f"{T}.package: expected an import package name such as 'my_pkg', found 'my-pkg'"),
         ({"models": {"bad name": model()}}, f"{T}.models.bad name: model names must be Python identifiers"),
         ({"models": {"m": 3}}, f"{T}.models.m: expected a table, found an integer 3"),
