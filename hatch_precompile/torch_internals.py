@@ -8,7 +8,12 @@ What it relies on (measured on torch 2.13):
 - Decomposing an export graph with inductor's own table
   (`torch._inductor.decomposition.select_decomp_table()`) gives the graph inductor
   compiles anyway; export's default table fails on some models (transformers'
-  GPT-2 `x.view(-1, x.size(-1))` with a dynamic batch and sequence).
+  GPT-2 `x.view(-1, x.size(-1))` with a dynamic batch and sequence). The table's
+  functions reach into compiler modules by attribute, which works only once
+  something has imported those modules (inductor's compile does; capture does
+  not): `LAZY_DECOMPOSITION_MODULES` lists them (in 2.13-2.15 only
+  `torch._inductor.lowering`, used by the max-pool decompositions); a test
+  finds them by reading the table's source.
 - On an export graph, `standalone_compile(dynamic_shapes="from_graph")` looks for
   the fake mode under `node.meta["example_value"]` of the outputs, while export
   stores its fakes under `meta["val"]`. Copying them across makes the compile use
@@ -53,6 +58,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import importlib
 import inspect
 import os
 import shlex
@@ -65,10 +71,17 @@ import torch
 from .runtime._torch_private import bind_arguments, kernel_key
 
 
+# Modules that decompositions in inductor's table use as `torch._inductor.<module>.<name>`
+# without importing them (`torch._inductor.lowering.should_fallback_max_pool_with_indices`).
+LAZY_DECOMPOSITION_MODULES = ("torch._inductor.lowering",)
+
+
 def decompose(exported: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
     """The export graph decomposed with the table inductor itself uses."""
     from torch._inductor.decomposition import select_decomp_table
 
+    for module in LAZY_DECOMPOSITION_MODULES:
+        importlib.import_module(module)
     return exported.run_decompositions(select_decomp_table())
 
 

@@ -5,6 +5,7 @@ installed torch. When one of these fails after a torch upgrade, fix that module.
 from __future__ import annotations
 
 import ast
+import json
 import os
 import re
 import subprocess
@@ -453,3 +454,83 @@ def test_constraint_fixes_read_narrowed_ranges_and_ignore_other_errors() -> None
     with pytest.raises(Exception) as outside:  # an example outside the range: no fixes to suggest
         torch.export.export(Branches(), (torch.randn(3, 4),), dynamic_shapes=({0: small},))
     assert torch_internals.constraint_fixes(outside.value, ({0: small},)) is None
+
+
+# Run in a fresh process: by then this one may have imported the compiler's modules.
+LAZY_REFERENCES = r'''
+import importlib.util, inspect, json, pathlib, re, sys
+import torch
+from torch._inductor.decomposition import select_decomp_table
+
+def unimported_module(chain):
+    """The first module along torch.a.b.c that exists but is not an attribute yet."""
+    value, parts = torch, chain.split(".")
+    for index, part in enumerate(parts[1:], 2):
+        if not hasattr(value, part):
+            name = ".".join(parts[:index])
+            try:
+                return name if importlib.util.find_spec(name) is not None else None
+            except (ImportError, ValueError):
+                return None
+        value = getattr(value, part)
+    return None
+
+root = pathlib.Path(torch.__file__).parent
+files = {root / "_inductor" / "decomposition.py", root / "_prims_common" / "__init__.py"}
+for function in select_decomp_table().values():
+    function = inspect.unwrap(getattr(function, "func", function))  # a functools.partial for CIA ops
+    module = sys.modules.get(getattr(function, "__module__", ""))
+    if getattr(module, "__file__", None):
+        files.add(pathlib.Path(module.__file__))
+for pattern in ("_decomp/*.py", "_refs/**/*.py", "_prims/*.py"):
+    files.update(root.glob(pattern))
+found = {}
+for file in sorted(files):
+    for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
+        if line.lstrip().startswith(("from ", "import ", "#")):
+            continue
+        for chain in re.findall(r"(?<![\w.])torch(?:\.\w+)+", line):
+            module = unimported_module(chain)
+            if module:
+                found.setdefault(module, []).append(f"{file.relative_to(root)}:{number}")
+print(json.dumps({"files": len(files), "found": found}))
+'''
+
+
+def test_decompositions_reach_only_the_compiler_modules_capture_imports() -> None:
+    """Inductor's decomposition table calls `torch._inductor.<module>.<name>` in a
+    few places without importing the module (inductor's compile has imported it
+    by then; capture has not). Every such module, found by reading the table's
+    source, must be in `LAZY_DECOMPOSITION_MODULES`, which capture imports."""
+    result = subprocess.run([sys.executable, "-c", LAZY_REFERENCES], capture_output=True, text=True, check=True)
+    report = json.loads(result.stdout)
+    assert report["files"] > 10  # the table's modules were found and read
+    assert set(report["found"]) <= set(torch_internals.LAZY_DECOMPOSITION_MODULES), report["found"]
+
+
+POOLING_CAPTURE = r'''
+import json, torch
+from torch import nn
+from hatch_precompile import torch_internals
+cases = {
+    "max_pool1d": (nn.MaxPool1d(3, 2), (2, 4, 16)),
+    "max_pool2d": (nn.MaxPool2d(3, 2, padding=1), (2, 4, 16, 16)),
+    "max_pool3d": (nn.MaxPool3d(2), (2, 4, 8, 8, 8)),
+    "max_pool2d_ceil": (nn.MaxPool2d(2, ceil_mode=True), (2, 4, 15, 15)),
+    "adaptive_max_pool2d": (nn.AdaptiveMaxPool2d(3), (2, 4, 16, 16)),
+}
+report = {}
+for name, (module, shape) in cases.items():
+    x = torch.randn(*shape)
+    exported = torch_internals.decompose(torch.export.export(module.eval(), (x,)))
+    report[name] = bool(torch.equal(exported.module()(x), module(x)))
+print(json.dumps(report))
+'''
+
+
+def test_max_pooling_decomposes_in_a_process_that_never_compiled() -> None:
+    result = subprocess.run([sys.executable, "-c", POOLING_CAPTURE], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout) == dict.fromkeys(
+        ["max_pool1d", "max_pool2d", "max_pool3d", "max_pool2d_ceil", "adaptive_max_pool2d"], True
+    )
