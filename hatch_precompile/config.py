@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from .options import flatten as flatten_options
+from .options import option_problems
 from .targets import CPU_TARGETS, DEFAULT_CPU_TARGETS
 
 TABLE = "tool.hatch.build.hooks.precompile"
@@ -276,6 +278,9 @@ def _parse_model(
     weights = check.choice(raw.get("weights", "embed"), f"{path}.weights", WEIGHTS)
     dtype = check.choice(raw["dtype"], f"{path}.dtype", MODULE_DTYPES) if "dtype" in raw else None
     options = check.table(raw.get("options", {}), f"{path}.options")
+    if options is not None:
+        for where, message in option_problems(options, f"{path}.options"):
+            check.fail(where, message)
     model_fallback = check.choice(raw.get("fallback", fallback), f"{path}.fallback", FALLBACKS)
     outputs = check.choice(raw.get("outputs", "classes"), f"{path}.outputs", OUTPUT_FORMS)
     if "cpu-targets" in raw:
@@ -294,7 +299,7 @@ def _parse_model(
         kwargs=kwargs,
         example_inputs=example_inputs,
         dims=dims,
-        options=options,
+        options=flatten_options(options),
         outputs=outputs or "classes",
     )
 

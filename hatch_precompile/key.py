@@ -22,7 +22,6 @@ from . import torch_internals
 from .cache import plugin_fingerprint
 from .capture import Captured
 from .targets import CpuTarget
-from .weights import lifted_weights
 
 
 def artifact_key(model: dict[str, Any], captured: Captured, fixed: dict[str, int], target: CpuTarget) -> str:
@@ -31,8 +30,8 @@ def artifact_key(model: dict[str, Any], captured: Captured, fixed: dict[str, int
     The graph (with every node's shape, stride and dtype), its signature and
     symbolic ranges, the inputs, dims and shape variant, the inductor options and
     CPU target, the torch build and Python, and this plugin's code. Weight values
-    are not in it (the graph takes them as inputs), except where inductor's
-    `freezing` compiles them in as constants."""
+    are not in it: the graph takes them as inputs (`options` cannot set inductor's
+    `freezing`, which would compile them in)."""
     exported = captured.exported
     parts: dict[str, Any] = {
         "graphs": {name: _graph_text(gm.graph) for name, gm in exported.graph_module.named_modules() if hasattr(gm, "graph")},
@@ -45,11 +44,7 @@ def artifact_key(model: dict[str, Any], captured: Captured, fixed: dict[str, int
         "built_with": build_environment(),
         "plugin": plugin_fingerprint(),
     }
-    digest = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode())
-    if model["options"].get("freezing"):
-        for name, tensor in lifted_weights(captured).items():
-            digest.update(name.encode() + tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def _graph_text(graph: torch.fx.Graph) -> list[str]:

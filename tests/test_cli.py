@@ -115,6 +115,16 @@ def test_check_lists_every_problem_at_once(tmp_path: Path, capsys: pytest.Captur
     assert code == 1 and document["valid"] is False and len(document["problems"]) == 2 and document["config"] is None
 
 
+def test_check_refuses_unsupported_inductor_options_before_anything_compiles(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = (EXAMPLE / "pyproject.toml").read_text()
+    assert text.count("options = {}") == 1
+    (tmp_path / "pyproject.toml").write_text(text.replace("options = {}", "options = { freezing = true, no_such_option = 1 }"))
+    code, out, _ = cli(capsys, "check", tmp_path)
+    assert code == 1 and "2 problem(s)" in out
+    assert "tool.hatch.build.hooks.precompile.models.encoder.options.freezing: not supported: inductor cannot save a frozen graph" in out
+    assert "tool.hatch.build.hooks.precompile.models.encoder.options.no_such_option: not an inductor option hatch-precompile supports" in out
+
+
 def test_check_says_clearly_when_there_is_no_table_or_no_project(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\nversion = "1"\n')
     code, out, _ = cli(capsys, "check", tmp_path)

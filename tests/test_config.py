@@ -177,3 +177,23 @@ def test_every_problem_is_reported_in_one_error() -> None:
         f"{T}.models.b.factory",
     ]
     assert "invalid configuration (5 problem(s))" in str(ConfigError(found))
+
+
+def test_supported_inductor_options_are_accepted_with_nested_tables_flattened() -> None:
+    options = {"max_autotune": True, "epilogue_fusion": False, "aggressive_fusion": True, "coordinate_descent_tuning": True, "max_autotune_gemm": False}
+    assert parse_config({"models": {"m": model(options=options)}}).models["m"].options == options
+
+
+def test_every_unsupported_option_is_refused_with_the_reason_and_what_to_do() -> None:
+    options = {"freezing": True, "cpp_wrapper": True, "cpp": {"simdlen": 256}, "max_autotun": True, "triton": {"cudagraphs": True}, "max_autotune": "yes"}
+    found = problems({"models": {"m": model(options=options)}})
+    path = f"{T}.models.m.options"
+    assert len(found) == 6
+    assert found[0].startswith(f"{path}.freezing: not supported: inductor cannot save a frozen graph as an AOT artifact")
+    assert found[0].endswith("remove it (the weights stay graph inputs, as without the option)")
+    assert found[1].startswith(f"{path}.cpp_wrapper: not supported: it compiles the graph's wrapper as C++")
+    assert found[2] == f"{path}.cpp.simdlen: not supported: the vector width comes from each CPU target; choose them with `cpu-targets` (avx2, avx512)"
+    supported = "supported: max_autotune, max_autotune_gemm, epilogue_fusion, aggressive_fusion, coordinate_descent_tuning"
+    assert found[3] == f"{path}.max_autotun: not an inductor option hatch-precompile supports; did you mean 'max_autotune'? {supported}"
+    assert found[4] == f"{path}.triton.cudagraphs: not an inductor option hatch-precompile supports; {supported}"
+    assert found[5] == f"{path}.max_autotune: expected true or false, found 'yes'"
