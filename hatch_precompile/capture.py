@@ -87,7 +87,25 @@ def shape_variants(model: dict[str, Any]) -> list[dict[str, int]]:
 
 def capture(model: dict[str, Any], module: torch.nn.Module, fixed: dict[str, int]) -> Captured:
     """Export the model so that exactly the declared dims not in `fixed` are dynamic;
-    those in `fixed` are static at the given size."""
+    those in `fixed` are static at the given size. A model torch cannot capture
+    stops the build with the reason in the configuration's terms."""
+    try:
+        return _export(model, module, fixed)
+    except _ExportFailed as failed:
+        message = _capture_failure(model, module, fixed, failed)
+        raise ModelBuildError(model["name"], "capturing with torch.export", message) from None
+
+
+class _ExportFailed(Exception):
+    """torch.export (or the decomposition after it) raised `error`."""
+
+    def __init__(self, error: BaseException, dynamic_shapes: Any, args: tuple, kwargs: dict[str, Any], example_sizes: dict[str, int]) -> None:
+        super().__init__(str(error))
+        self.error, self.dynamic_shapes, self.example_sizes = error, dynamic_shapes, example_sizes
+        self.args_and_kwargs = args, kwargs
+
+
+def _export(model: dict[str, Any], module: torch.nn.Module, fixed: dict[str, int]) -> Captured:
     name = model["name"]
     if model["example_inputs"]:
         args, kwargs = _example_inputs_from_callable(model)
@@ -122,11 +140,12 @@ def capture(model: dict[str, Any], module: torch.nn.Module, fixed: dict[str, int
             exported = torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes)
             exported = decompose(exported)
     except Exception as error:
-        fixes = constraint_fixes(error, dynamic_shapes)
-        message = _torch_error(error)
-        if fixes:
-            message = f"{_violations(model, fixes)}\n\ntorch's message:\n{message}"
-        raise ModelBuildError(name, "capturing with torch.export", message) from None
+        sizes = {
+            dim: value.shape[axis]
+            for value, axes in [*zip(args, arg_dims), *((kwargs[k], a) for k, a in kwarg_dims.items())]
+            for axis, dim in axes.items()
+        }
+        raise _ExportFailed(error, dynamic_shapes, args, kwargs, sizes) from None
 
     input_tree = treespec_to_json(exported.call_spec.in_spec)
     positional = [p.name for p in signature.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
@@ -289,6 +308,77 @@ def _dims_from_axes(model: dict[str, Any], args: tuple, kwargs: dict) -> tuple[l
                 )
             (arg_dims[which] if isinstance(which, int) else kwarg_dims[which])[axis] = dim
     return arg_dims, kwarg_dims
+
+
+def _capture_failure(model: dict[str, Any], module: torch.nn.Module, fixed: dict[str, int], failed: _ExportFailed) -> str:
+    """Why torch.export could not capture the model, in the configuration's terms
+    where that can be found, then torch's own message.
+
+    A constraint violation comes with torch's suggested fixes. Any other error with
+    dims dynamic is tried again with dims static (each alone, then all at once),
+    since a model whose code needs a fixed size (a position table, a size check)
+    fails with a message about torch's symbols (`s100*s4`), not the dims declared."""
+    message = _torch_error(failed.error)
+    fixes = constraint_fixes(failed.error, failed.dynamic_shapes)
+    if fixes:
+        return f"{_violations(model, fixes)}\n\ntorch's message:\n{message}"
+    if "which is not a known type" in message:
+        return (
+            "the model takes or returns an object torch.export cannot flatten into tensors; return tensors, "
+            "tuples, lists, dicts or library output classes (for a transformers decoder, set `use_cache=False` "
+            f"in its config, so that it returns no cache object)\n\ntorch's message:\n{message}"
+        )
+    dynamic = [d for d in model["dims"] if d not in fixed and d in failed.example_sizes]
+    if not dynamic:
+        return message
+    static = {d: failed.example_sizes[d] for d in dynamic}
+    args, kwargs = failed.args_and_kwargs
+    try:
+        with torch.no_grad():
+            module(*args, **kwargs)
+    except Exception as error:
+        at = ", ".join(f"{d} = {size}" for d, size in static.items())
+        return (
+            f"the model fails on the build's example inputs ({at}) even without torch.export: {_one_line(error)}\n"
+            "If it supports only some sizes, narrow the dims' ranges to them or declare them as buckets "
+            "(the build makes its examples at the smallest size in each range other than 1, or at a bucket's size)."
+        )
+    if not _exports(model, module, {**fixed, **static}):
+        return (
+            "torch.export cannot capture the model even with every declared dim static, so no `dims` setting helps: "
+            f"the model's code must change\n\ntorch's message:\n{message}"
+        )
+    blocking = [d for d in dynamic if _exports(model, module, {**fixed, d: static[d]})]
+    by_axes = bool(model["example_inputs"])
+    items = []
+    for dim in blocking or dynamic:
+        path = f"{TABLE}.models.{model['name']}.dims.{dim}"
+        advice = f"Make it static by removing `{dim}` from dims" if by_axes else (
+            f"Declare the sizes the model supports as buckets, e.g. `{dim} = [{static[dim]}]` (a static artifact each)"
+        )
+        items.append(f"  - {path} = {_declared(model['dims'][dim])}\n    {advice}, or fix the model so that it does not need a fixed {dim}.")
+    if blocking:
+        head = f"the model's code needs a fixed size for {_count(blocking, 'declared dim')}: torch.export captures it with {_listed(blocking)} static, not dynamic:"
+    else:
+        head = f"the model's code needs fixed sizes for the declared dims {_listed(dynamic)} together: torch.export captures it only with all of them static:"
+    return f"{head}\n" + "\n".join(items) + f"\n\ntorch's message:\n{message}"
+
+
+def _exports(model: dict[str, Any], module: torch.nn.Module, fixed: dict[str, int]) -> bool:
+    """Whether torch.export captures the model with the dims in `fixed` static."""
+    try:
+        _export(model, module, fixed)
+    except _ExportFailed:
+        return False
+    return True
+
+
+def _count(dims: list[str], noun: str) -> str:
+    return f"{len(dims)} {noun}{'s' if len(dims) > 1 else ''}"
+
+
+def _listed(dims: list[str]) -> str:
+    return ", ".join(dims[:-1]) + f" and {dims[-1]}" if len(dims) > 1 else dims[0]
 
 
 def _violations(model: dict[str, Any], fixes: dict[str, DimFix]) -> str:

@@ -23,12 +23,12 @@ SUPPORTED = {
     "coordinate_descent_tuning": "tunes GPU (Triton) kernel launch settings; no effect on CPU kernels",
 }
 
-# name -> why it is refused and what to do instead (measured on torch 2.13.0).
+# name -> why it is refused and what to do instead (measured on torch 2.13.0 and 2.15.0).
 REFUSED = {
     "freezing": (
-        "inductor cannot save a frozen graph as an AOT artifact (AOTCompiledArtifact.save fails with "
-        "\"TypeError: 'NoneType' object is not callable\"), and its compiled graph carries no output module for "
-        "the lean form; remove it (the weights stay graph inputs, as without the option)"
+        "the graph takes its weights as inputs, so inductor's freezing would freeze nothing, and a frozen graph "
+        "cannot be saved as an AOT artifact on torch 2.13-2.15 (AOTCompiledArtifact.save fails with \"TypeError: "
+        "'NoneType' object is not callable\"); remove it"
     ),
     "cpp_wrapper": (
         "it compiles the graph's wrapper as C++ through inductor's code cache, so loading it needs the compiler "

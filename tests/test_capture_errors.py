@@ -146,6 +146,68 @@ class NoSuchMethod(nn.Module):
 
 
 def test_other_capture_errors_keep_torchs_message_alone() -> None:
-    message = capture_error(NoSuchMethod(), [{"shape": ["batch", 8]}], {"batch": {"min": 1, "max": 16}})
+    message = capture_error(NoSuchMethod(), [{"shape": [2, 8]}], {})
     assert message.startswith("AttributeError: ") and "no_such_method" in message
-    assert "torch's message:" not in message and "dims.batch" not in message
+    assert "torch's message:" not in message
+
+
+def test_a_model_that_fails_eagerly_at_the_example_size_says_so_with_real_sizes() -> None:
+    message = capture_error(NoSuchMethod(), [{"shape": ["batch", 8]}], {"batch": {"min": 1, "max": 16}})
+    assert message.startswith(
+        "the model fails on the build's example inputs (batch = 2) even without torch.export: AttributeError: "
+    ) and "no_such_method" in message
+    assert message.endswith(
+        "If it supports only some sizes, narrow the dims' ranges to them or declare them as buckets "
+        "(the build makes its examples at the smallest size in each range other than 1, or at a bucket's size)."
+    )
+
+
+class FixedPositions(nn.Module):
+    """Checks its input against a fixed size, as vision transformers do with the image size."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[1] != 32:
+            raise ValueError(f"Input size ({x.shape[1]}) doesn't match model (32).")
+        return x * 2
+
+
+def test_a_size_check_in_the_models_code_is_reported_with_the_example_size_not_torchs_symbols() -> None:
+    message = capture_error(FixedPositions(), [{"shape": [2, "length"]}], {"length": {"min": 16, "max": 64}})
+    assert message.startswith(
+        "the model fails on the build's example inputs (length = 16) even without torch.export: "
+        "ValueError: Input size (16) doesn't match model (32).\n"
+    )
+
+
+class FormatsItsLength(nn.Module):
+    """Formats a size as an integer, which a symbolic size cannot do."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tag = f"{x.shape[1]:04d}"
+        return x * len(tag)
+
+
+def test_a_dim_the_code_needs_fixed_is_named_when_making_it_static_captures() -> None:
+    message = capture_error(
+        FormatsItsLength(), [{"shape": ["batch", "length"]}], {"batch": {"min": 1, "max": 8}, "length": {"min": 2, "max": 64}}
+    )
+    assert message.startswith(
+        "the model's code needs a fixed size for 1 declared dim: torch.export captures it with length static, not dynamic:\n"
+        f"  - {PATH}.dims.length = {{ min = 2, max = 64 }}\n"
+        "    Declare the sizes the model supports as buckets, e.g. `length = [2]` (a static artifact each), "
+        "or fix the model so that it does not need a fixed length.\n\ntorch's message:\n"
+        "TypeError: unsupported format string passed to SymInt.__format__"
+    ), message
+
+
+class DataDependent(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + 1 if x.sum() > 0 else x - 1
+
+
+def test_a_model_torch_cannot_capture_at_any_size_is_told_that_dims_will_not_help() -> None:
+    message = capture_error(DataDependent(), [{"shape": ["batch", 8]}], {"batch": {"min": 1, "max": 16}})
+    assert message.startswith(
+        "torch.export cannot capture the model even with every declared dim static, so no `dims` setting helps: "
+        "the model's code must change\n\ntorch's message:\n"
+    ), message

@@ -121,7 +121,7 @@ def test_check_refuses_unsupported_inductor_options_before_anything_compiles(tmp
     (tmp_path / "pyproject.toml").write_text(text.replace("options = {}", "options = { freezing = true, no_such_option = 1 }"))
     code, out, _ = cli(capsys, "check", tmp_path)
     assert code == 1 and "2 problem(s)" in out
-    assert "tool.hatch.build.hooks.precompile.models.encoder.options.freezing: not supported: inductor cannot save a frozen graph" in out
+    assert "tool.hatch.build.hooks.precompile.models.encoder.options.freezing: not supported: the graph takes its weights as inputs" in out
     assert "tool.hatch.build.hooks.precompile.models.encoder.options.no_such_option: not an inductor option hatch-precompile supports" in out
 
 

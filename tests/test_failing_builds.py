@@ -88,19 +88,21 @@ def test_all_configuration_errors_are_reported_at_once(tmp_path: Path) -> None:
         inputs = [{ shape = ["batch", "seq"], dtype = "float33" }]
         dims = { batch = { min = 1, max = "64" } }
         weights = 3
+        options = { freezing = true }
         """,
     )
     status, output, scratch = build(project)
     assert status != 0
     prefix = "tool.hatch.build.hooks.precompile"
     for expected in (
-        "invalid configuration (5 problem(s))",
+        "invalid configuration (6 problem(s))",
         f"{prefix}.fallbak: unknown key; did you mean `fallback`?",
         f"{prefix}.models.m.inputs[0].dtype: expected one of 'float32'",
         "found a string 'float33' (did you mean 'float32'?)",
         f"{prefix}.models.m.dims.batch.max: expected an integer >= 2, found a string '64'",
         f"{prefix}.models.m.inputs[0].shape: uses dim 'seq', which is not declared in {prefix}.models.m.dims",
         f"{prefix}.models.m.weights: expected one of 'embed', 'factory', found an integer 3",
+        f"{prefix}.models.m.options.freezing: not supported: the graph takes its weights as inputs as an AOT artifact",
     ):
         assert expected in output, expected
     assert_left_nothing(scratch)
