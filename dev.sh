@@ -25,18 +25,23 @@ venv_for() {  # venv_for <torch requirement>: its environment's folder
 VENV=$(venv_for "$TORCH_REQUIREMENT")
 DEMO=".demo${VENV#.venv}"
 
+default_environment() {  # .venv: the default torch and this checkout with its test extra, by pip
+  [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+  .venv/bin/python -m pip install --disable-pip-version-check -q "$DEFAULT_TORCH"
+  .venv/bin/python -m pip install --disable-pip-version-check -q -e '.[test]'
+}
+
 setup() {
-  if [ ! -x "$VENV/bin/python" ]; then
-    "$PYTHON" -m venv "$VENV"
-  fi
-  if [ "$TORCH_REQUIREMENT" != "$DEFAULT_TORCH" ]; then
-    # Exactly the release asked for: lift a pip constraints file that caps torch
-    # below it (this project's machines cap torch at 2.14.1). Exported, so that
-    # the isolated builds and fresh environments the tests make get it too.
-    export PIP_CONSTRAINT=/dev/null
-  fi
-  "$VENV/bin/python" -m pip install --disable-pip-version-check -q "$TORCH_REQUIREMENT"
-  "$VENV/bin/python" -m pip install --disable-pip-version-check -q -e '.[test]'
+  default_environment
+  [ "$VENV" != .venv ] || return 0
+  # Another release: exactly the one asked for. Lift a pip constraints file that
+  # caps torch below it (this project's machines cap torch at 2.14.1), exported so
+  # that anything the tests run with pip gets it too. uv (from the default
+  # environment's test extra) installs it: it links torch's gigabytes from its
+  # cache into each environment, where pip would unpack them again.
+  export PIP_CONSTRAINT=/dev/null
+  [ -x "$VENV/bin/python" ] || .venv/bin/uv venv --quiet --python "$PYTHON" "$VENV"
+  .venv/bin/uv pip install --quiet --python "$VENV/bin/python" "$TORCH_REQUIREMENT" -e '.[test]'
 }
 
 build_example_wheel() {  # build_example_wheel <project folder>: its wheel into $DEMO/dist

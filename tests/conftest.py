@@ -2,8 +2,11 @@
 (built once per session with the real hook), and fresh virtual environments.
 
 Environments get torch the way a user's would: by resolving the wheel's
-`torch==X` pin through pip's configuration (this machine's pip finds the local
-CPU build). Nothing here mocks torch or hatchling.
+`torch==X` pin, with uv as the installer (for fresh environments and for
+`python -m build --installer=uv`'s isolated builds). uv links torch from its
+cache, where pip unpacks its gigabytes again for every environment; it is told
+the wheel folders pip's environment names (`PIP_FIND_LINKS` as `UV_FIND_LINKS`:
+this machine's local CPU build of torch). Nothing here mocks torch or hatchling.
 """
 
 from __future__ import annotations
@@ -16,19 +19,24 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import venv
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from uv import find_uv_bin
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "example_project"
 
 
+UV = find_uv_bin()
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Builds in this session share a build cache of their own, never the user's;
-    tests that need cold compiles turn it off."""
+    tests that need cold compiles turn it off. uv finds what pip would."""
+    if os.environ.get("PIP_FIND_LINKS") and "UV_FIND_LINKS" not in os.environ:
+        os.environ["UV_FIND_LINKS"] = ",".join(os.environ["PIP_FIND_LINKS"].split())
     if "HATCH_PRECOMPILE_BUILD_CACHE" not in os.environ:
         os.environ["HATCH_PRECOMPILE_BUILD_CACHE"] = tempfile.mkdtemp(prefix="hatch-precompile-test-cache-")
         config.add_cleanup(lambda: shutil.rmtree(os.environ.pop("HATCH_PRECOMPILE_BUILD_CACHE"), ignore_errors=True))
@@ -124,7 +132,8 @@ class Venv:
         return str(self.path / "bin" / "python")
 
     def pip(self, *args: str, env: dict[str, str] | None = None) -> None:
-        run([self.python, "-m", "pip", "install", "--disable-pip-version-check", "-q", *args], env=env)
+        """`pip install ARGS` into this environment, done by uv (`uv pip install`)."""
+        run([UV, "pip", "install", "--quiet", "--python", self.python, *args], env=env)
 
     def script(self, code: str, *, cwd: Path | None = None, env: dict[str, str] | None = None, check: bool = True, options: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
         """Run `code` in a fresh interpreter of this environment."""
@@ -132,8 +141,14 @@ class Venv:
 
 
 def make_venv(path: Path) -> Venv:
-    venv.EnvBuilder(with_pip=True, clear=True).create(path)
+    run([UV, "venv", "--quiet", "--python", sys.executable, str(path)])
     return Venv(path)
+
+
+def isolated_build(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`python -m build ARGS` with build isolation, as a user would, uv installing
+    the build environment."""
+    return run([sys.executable, "-m", "build", "--installer=uv", *args], env=env)
 
 
 @pytest.fixture(scope="session")
@@ -163,7 +178,7 @@ def example_build(tmp_path_factory: pytest.TempPathFactory, wheelhouse: Path) ->
 def build_sdist_and_wheel(project: Path, wheelhouse: Path) -> ExampleBuild:
     """`python -m build` with isolation, as a user would: the sdist, then the wheel
     from it; this checkout's hatch-precompile comes from `wheelhouse`."""
-    result = run([sys.executable, "-m", "build", str(project)], env=with_find_links(wheelhouse))
+    result = isolated_build(str(project), env=with_find_links(wheelhouse))
     (sdist,) = (project / "dist").glob("*.tar.gz")
     (wheel,) = (project / "dist").glob("*.whl")
     return ExampleBuild(sdist, wheel, result.stdout + result.stderr)

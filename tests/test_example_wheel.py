@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import EXAMPLE, REPO, ExampleBuild, Venv, no_compiler_env, pin_build_torch, run, with_find_links
+from conftest import EXAMPLE, REPO, ExampleBuild, Venv, isolated_build, no_compiler_env, pin_build_torch, run, with_find_links
 from hatch_precompile.assemble import RUNTIME_FILES
 
 pytestmark = pytest.mark.e2e
@@ -314,7 +314,7 @@ def test_builds_from_other_folders_and_from_the_sdist_by_pip_give_byte_identical
     project = tmp_path / "elsewhere" / "example_project"
     shutil.copytree(EXAMPLE, project, ignore=shutil.ignore_patterns("dist", "__pycache__"))
     pin_build_torch(project / "pyproject.toml")
-    run([sys.executable, "-m", "build", "--wheel", "--outdir", str(tmp_path / "direct"), str(project)], env=with_find_links(wheelhouse, base=cold))
+    isolated_build("--wheel", "--outdir", str(tmp_path / "direct"), str(project), env=with_find_links(wheelhouse, base=cold))
     run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "pip"), str(example_build.sdist)],
         env=with_find_links(wheelhouse, base=cold),

@@ -129,7 +129,7 @@ dims = { batch = { min = 1, max = 8 } }
 @pytest.fixture(scope="module")
 def forms(tmp_path_factory: pytest.TempPathFactory, torch_venv: Venv) -> Venv:
     wheel = build_wheel(write_project(tmp_path_factory.mktemp("forms"), "formpkg", MODELS, PRECOMPILE))
-    torch_venv.pip("--no-deps", "--force-reinstall", str(wheel))
+    torch_venv.pip("--no-deps", "--reinstall", str(wheel))
     return torch_venv
 
 

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, make_venv, no_compiler_env, pin_build_torch, run, with_find_links
+from conftest import REPO, isolated_build, make_venv, no_compiler_env, pin_build_torch, with_find_links
 
 pytestmark = pytest.mark.e2e
 
@@ -70,7 +69,7 @@ def test_bert_and_gpt2_from_transformers_round_trip(wheelhouse: Path, tmp_path: 
     project = tmp_path / "example_transformers"
     shutil.copytree(REPO / "example_transformers", project, ignore=shutil.ignore_patterns("dist", "__pycache__"))
     pin_build_torch(project / "pyproject.toml")
-    run([sys.executable, "-m", "build", "--wheel", str(project)], env=with_find_links(wheelhouse))
+    isolated_build("--wheel", str(project), env=with_find_links(wheelhouse))
     (wheel,) = (project / "dist").glob("*.whl")
     env = make_venv(tmp_path / "venv")
     env.pip(str(wheel))
