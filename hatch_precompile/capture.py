@@ -12,6 +12,7 @@ import importlib
 import inspect
 import traceback
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -318,7 +319,7 @@ def _capture_failure(model: dict[str, Any], module: torch.nn.Module, fixed: dict
     dims dynamic is tried again with dims static (each alone, then all at once),
     since a model whose code needs a fixed size (a position table, a size check)
     fails with a message about torch's symbols (`s100*s4`), not the dims declared."""
-    message = _torch_error(failed.error)
+    message = _torch_error(failed.error) + _raised_in(failed.error)
     fixes = constraint_fixes(failed.error, failed.dynamic_shapes)
     if fixes:
         return f"{_violations(model, fixes)}\n\ntorch's message:\n{message}"
@@ -449,6 +450,17 @@ def _declared(spec: dict[str, Any]) -> str:
 def _torch_error(error: BaseException) -> str:
     text = f"{type(error).__name__}: {error}".strip()
     return text if len(text) < 4000 else text[:4000] + "\n... (truncated)"
+
+
+def _raised_in(error: BaseException) -> str:
+    """Where the model's (or its library's) code raised `error`: the innermost frame
+    outside torch, or "" when torch itself raised it from its own code."""
+    torch_dir = str(Path(torch.__file__).parent)
+    frames = [frame for frame in traceback.extract_tb(error.__traceback__) if not frame.filename.startswith(torch_dir)]
+    if not frames or frames[-1].filename == __file__:
+        return ""
+    frame = frames[-1]
+    return f"\n(raised in {frame.filename}, line {frame.lineno}, in {frame.name}: {frame.line})"
 
 
 def _one_line(error: BaseException) -> str:

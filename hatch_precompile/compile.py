@@ -42,7 +42,7 @@ DEFAULT_TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
 
 
 def model_entry(
-    model: dict[str, Any], captured: Captured, weights: dict[str, Any], artifacts: list[dict[str, Any]]
+    model: dict[str, Any], captured: Captured, weights: dict[str, Any], op_libraries: dict[str, str], artifacts: list[dict[str, Any]]
 ) -> dict[str, Any]:
     """The model's manifest entry (less file sizes and hashes, added at assembly)."""
     exported = captured.exported
@@ -60,6 +60,7 @@ def model_entry(
             for d, spec in model["dims"].items()
         },
         "weights": weights,
+        "op_libraries": op_libraries,
         "artifacts": artifacts,
     }
 

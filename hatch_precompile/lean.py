@@ -171,11 +171,15 @@ class LeanCandidate:
     tolerance: list[dict[str, float]]  # per output: rtol, atol against eager
 
 
-def check_in_fresh_process(candidates: list[LeanCandidate], kernels_dir: Path, scratch: Path) -> dict[str, str]:
-    """Run every candidate in a new interpreter as the loader would; returns, per
+def check_in_fresh_process(
+    candidates: list[LeanCandidate], kernels_dir: Path, scratch: Path, op_libraries: dict[str, str]
+) -> dict[str, str]:
+    """Run every candidate in a new interpreter as the loader would (after
+    importing the modules defining the custom ops the graph calls); returns, per
     module file, "" if it matched or the reason it did not."""
     request = scratch / "lean-check.json"
-    request.write_text(json.dumps({"kernels_dir": str(kernels_dir), "modules": [_check_request(c) for c in candidates]}), encoding="utf-8")
+    modules = [_check_request(c) for c in candidates]
+    request.write_text(json.dumps({"kernels_dir": str(kernels_dir), "modules": modules, "op_libraries": op_libraries}), encoding="utf-8")
     done = subprocess.run([sys.executable, "-m", CHECK_MODULE, str(request)], capture_output=True, text=True)
     results_path = scratch / "lean-check.result.json"
     if done.returncode != 0 or not results_path.is_file():

@@ -28,6 +28,9 @@ What it relies on (measured on torch 2.13):
   `source_code` is the output module's text, `inputs_to_check` the inputs whose
   alignment its wrapper checks, `mutated_input_idxs` the inputs it mutates and
   `constants` the tensors frozen into it.
+- A custom op defined in Python with `torch.library.custom_op` is in
+  `torch._library.custom_ops.OPDEFS` under its qualified name, and the function
+  it wraps (`_init_fn`) names the module that defines it.
 - `torch._inductor.select_algorithm.extern_kernels.<name>`: the extern kernels the
   output module calls; we bind only those that are the torch function of the
   same name.
@@ -319,6 +322,20 @@ def _draws_random_numbers(node: torch.fx.Node) -> bool:
     index = names.index("dropout_p")
     dropout = node.args[index] if index < len(node.args) else node.kwargs.get("dropout_p", 0.0)
     return dropout != 0
+
+
+def python_op_libraries(exported: torch.export.ExportedProgram) -> dict[str, str]:
+    """The custom ops the graph calls that Python code defines (`torch.library.custom_op`,
+    recorded in `torch._library.custom_ops.OPDEFS`): op name -> the module defining
+    it, which must be imported before the op can run."""
+    from torch._library.custom_ops import OPDEFS
+
+    found = {}
+    for node in exported.graph_module.graph.nodes:
+        name = getattr(getattr(node.target, "_schema", None), "name", None) if node.op == "call_function" else None
+        if name in OPDEFS:
+            found[name] = OPDEFS[name]._init_fn.__module__
+    return dict(sorted(found.items()))
 
 
 def extern_kernel_is_torch_function(name: str) -> bool:

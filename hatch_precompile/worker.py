@@ -48,6 +48,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     with _step("imported torch"):
         import torch  # noqa: F401  (timed on its own: seconds on a cold disk)
 
+        from . import torch_internals
         from .cache import ArtifactSources
         from .capture import build_module, capture, shape_variants
         from .compile import CHECK_DIR, cpu_targets, model_entry, produce_artifact
@@ -74,7 +75,8 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
             source = "compiled" if artifact.origin == "compiled" else f"{artifact.origin}: {artifact.entry['file']}"
             _report(f"{target.name} ({shape}): {source}, {checked}", time.perf_counter() - started)
     assert first is not None and weights is not None
-    _check_lean_forms(produced, out_dir)
+    op_libraries = torch_internals.python_op_libraries(first.exported)
+    _check_lean_forms(produced, out_dir, op_libraries)
     shutil.rmtree(out_dir / CHECK_DIR, ignore_errors=True)
     for artifact in produced:
         if sources.keep is not None:
@@ -83,13 +85,13 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
         form = "lean form" if "file" in lean else f"artifact form only, lean form refused: {lean['refused']}"
         _report(f"{artifact.entry['file']}: {form}")
     return {
-        "entry": model_entry(model, first, weights, [a.entry for a in produced]),
+        "entry": model_entry(model, first, weights, op_libraries, [a.entry for a in produced]),
         "keys": {a.entry["file"]: a.key for a in produced},
         "origins": {a.entry["file"]: a.origin for a in produced},
     }
 
 
-def _check_lean_forms(produced: list[ProducedArtifact], out_dir: Path) -> None:
+def _check_lean_forms(produced: list[ProducedArtifact], out_dir: Path, op_libraries: dict[str, str]) -> None:
     """Run each lean module on the example inputs against its artifact and eager:
     freshly compiled ones in a new interpreter, as the loader would; ones from the
     build cache or a part here (they passed that check when compiled, and their
@@ -104,7 +106,7 @@ def _check_lean_forms(produced: list[ProducedArtifact], out_dir: Path) -> None:
     reasons: dict[str, str] = {}
     if fresh:
         with _step(f"ran the lean form of {len(fresh)} artifact(s) in a fresh process and compared"):
-            reasons.update(check_in_fresh_process(fresh, out_dir / KERNELS_DIR, out_dir / CHECK_DIR))
+            reasons.update(check_in_fresh_process(fresh, out_dir / KERNELS_DIR, out_dir / CHECK_DIR, op_libraries))
     if reused:
         with _step(f"ran the lean form of {len(reused)} cached artifact(s) and compared"):
             reasons.update(check_in_this_process(reused, out_dir / KERNELS_DIR))

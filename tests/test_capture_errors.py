@@ -187,6 +187,9 @@ class FormatsItsLength(nn.Module):
         return x * len(tag)
 
 
+FORMAT_LINE = FormatsItsLength.forward.__code__.co_firstlineno + 1
+
+
 def test_a_dim_the_code_needs_fixed_is_named_when_making_it_static_captures() -> None:
     message = capture_error(
         FormatsItsLength(), [{"shape": ["batch", "length"]}], {"batch": {"min": 1, "max": 8}, "length": {"min": 2, "max": 64}}
@@ -198,6 +201,7 @@ def test_a_dim_the_code_needs_fixed_is_named_when_making_it_static_captures() ->
         "or fix the model so that it does not need a fixed length.\n\ntorch's message:\n"
         "TypeError: unsupported format string passed to SymInt.__format__"
     ), message
+    assert message.endswith(f"(raised in {__file__}, line {FORMAT_LINE}, in forward: tag = f\"{{x.shape[1]:04d}}\")"), message
 
 
 class DataDependent(nn.Module):

@@ -277,3 +277,31 @@ def test_a_kernel_the_dynamic_loader_refuses_falls_back_per_policy(deploy_venv: 
     assert "a shipped kernel could not be loaded here" in eager.stderr
     refused = run_copy(deploy_venv, package, HATCH_PRECOMPILE_FALLBACK="error")
     assert_refused(refused, "PrecompiledModelError", "a shipped kernel could not be loaded here")
+
+
+@pytest.mark.parametrize("form", ["lean", "artifact"])
+def test_a_custom_ops_library_that_cannot_be_imported_is_named_and_the_fallback_applies(
+    deploy_venv: Venv, package: Path, form: str
+) -> None:
+    manifest = manifest_of(package)
+    manifest["models"]["encoder"]["op_libraries"] = {"mylib::gather_experts": "mylib.ops"}
+    reseal(package / "manifest.json", manifest)
+    code = """
+import warnings
+from example_pkg import load_compiled, _precompiled
+try:
+    load_compiled("encoder", fallback="error")
+except _precompiled.PrecompiledModelError as error:
+    print("ERROR", error)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    print("EAGER", repr(load_compiled("encoder")))
+"""
+    result = run_copy(deploy_venv, package, code, HATCH_PRECOMPILE_FORM=form)
+    assert result.returncode == 0, result.stderr[-2000:]
+    error, eager = result.stdout.strip().splitlines()
+    assert error.startswith(
+        "ERROR model 'encoder': the compiled graph calls the custom op mylib::gather_experts, which mylib.ops defines, "
+        "and importing it failed (No module named 'mylib'); install the package that provides mylib.ops."
+    ), error
+    assert eager == "EAGER <eager fallback TextEncoder>"

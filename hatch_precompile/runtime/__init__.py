@@ -57,6 +57,7 @@ from . import _artifact, _lean
 from ._contract import check_inputs, conform_layouts, flatten_call, unflatten
 from ._errors import PrecompiledFallbackWarning, PrecompiledIntegrityError, PrecompiledModelError
 from ._manifest import MANIFEST_FORMAT, Choice, Plan, fallback_policy, plan, read_manifest, unavailable
+from ._ops import OpLibraryError, import_op_libraries
 from ._weights import bind_weights, build_module, read_weights
 
 __all__ = ["load_compiled", "explain", "PrecompiledModelError", "PrecompiledIntegrityError", "PrecompiledFallbackWarning"]
@@ -107,6 +108,8 @@ def load_compiled(
         if how.choices and name not in _variants:
             try:
                 _variants[name] = _Variants(name, how.model, how.choices)
+            except OpLibraryError as error:
+                how = Plan(how.model, [], str(error))
             except (ImportError, OSError) as error:  # the dynamic loader refused a shipped kernel
                 how = Plan(how.model, [], f"a shipped kernel could not be loaded here: {error}")
         if how.choices:
@@ -156,6 +159,7 @@ class _Variants:
 
     def __init__(self, name: str, model: dict[str, Any], choices: list[Choice]) -> None:
         self.name, self.dims = name, model["dims"]
+        import_op_libraries(model.get("op_libraries", {}))
         ordered = sorted(choices, key=lambda c: len(c.artifact["specialized"]), reverse=True)
         forms = {"lean": _lean.load, "artifact": _artifact.load}
         self.variants = [(c.artifact["specialized"], c.file, forms[c.form](name, model, c.artifact)) for c in ordered]
