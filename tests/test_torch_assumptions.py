@@ -371,8 +371,24 @@ def test_the_hooks_reproducible_builds_rely_on(compiled) -> None:
     entry = compiled.artifact.inner_fn.compiled_fn.serialize()
     assert isinstance(entry.forward_time_taken_ns, int) and hasattr(entry, "backward_time_taken_ns")
     assert all("stack_trace" not in node.meta for node in compiled.exported.graph_module.graph.nodes)
+    torch_dir = os.path.dirname(torch.__file__)
     for path in compiled.kernels.values():
-        assert str(compiled.cache) not in path.read_bytes().decode("latin-1")
+        binary = path.read_bytes().decode("latin-1")
+        assert str(compiled.cache) not in binary and torch_dir not in binary
+    from torch._inductor.codecache import _HEADER_DIR  # under the inductor cache of the process's start
+
+    assert list(Path(_HEADER_DIR).rglob("*.gch")), "the kernels were compiled without a precompiled header"
+
+
+def test_precompiled_headers_are_built_from_options_whose_passthrough_args_reach_the_command_line() -> None:
+    from torch._inductor.cpp_builder import CppBuilder, CppTorchDeviceOptions
+
+    with torch_internals._precompiled_headers_without_build_paths():
+        options = CppTorchDeviceOptions(device_type="cpu", precompiling=True)
+        kernel = CppTorchDeviceOptions(device_type="cpu", compile_only=True)
+    line = CppBuilder(name="o", sources="i.h", BuildOption=options).get_command_line()
+    assert torch_internals._TORCH_PATH_MAP in line
+    assert torch_internals._TORCH_PATH_MAP not in CppBuilder(name="o", sources="i", BuildOption=kernel).get_command_line()
 
 
 def test_the_loader_binds_exactly_the_names_the_build_leaves_unbound() -> None:
