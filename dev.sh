@@ -36,10 +36,13 @@ setup() {
   [ "$VENV" != .venv ] || return 0
   # Another release: exactly the one asked for. Lift a pip constraints file that
   # caps torch below it (this project's machines cap torch at 2.14.1), exported so
-  # that anything the tests run with pip gets it too. uv (from the default
-  # environment's test extra) installs it: it links torch's gigabytes from its
-  # cache into each environment, where pip would unpack them again.
+  # that anything the tests run with pip gets it too.
   export PIP_CONSTRAINT=/dev/null
+  leg_environment
+}
+
+leg_environment() {  # $VENV for $TORCH_REQUIREMENT, by uv (from .venv's test extra), which
+  # links torch's gigabytes from its cache into each environment where pip unpacks them
   [ -x "$VENV/bin/python" ] || .venv/bin/uv venv --quiet --python "$PYTHON" "$VENV"
   .venv/bin/uv pip install --quiet --python "$VENV/bin/python" "$TORCH_REQUIREMENT" -e '.[test]'
 }
@@ -117,7 +120,17 @@ case "${1:-}" in
     if [ $# -gt 0 ]; then
       test_suite "$@"
     else
-      test_suite --durations=15  # the slowest tests, to keep CI's time in view
+      setup
+      # The release legs' environments download and link gigabytes, not compute:
+      # make them while the default suite runs (logs in .venv-torch-X.Y.Z.log).
+      pids=()
+      for release in $OTHER_RELEASES; do
+        (TORCH_REQUIREMENT="torch==$release" VENV=$(venv_for "torch==$release") leg_environment) \
+          >"$(venv_for "torch==$release").log" 2>&1 &
+        pids+=($!)
+      done
+      test_suite --durations=25  # the slowest tests, to keep CI's time in view
+      for pid in "${pids[@]}"; do wait "$pid" || true; done  # a leg whose environment failed says so itself
       for release in $OTHER_RELEASES; do leg "$release"; done
     fi
     ;;
