@@ -351,16 +351,18 @@ def _draws_random_numbers(node: torch.fx.Node) -> bool:
 
 
 def python_op_libraries(exported: torch.export.ExportedProgram) -> dict[str, str]:
-    """The custom ops the graph calls that Python code defines (`torch.library.custom_op`,
-    recorded in `torch._library.custom_ops.OPDEFS`): op name -> the module defining
-    it, which must be imported before the op can run."""
+    """The custom ops the graph calls that a library defines in Python
+    (`torch.library.custom_op`, recorded in `torch._library.custom_ops.OPDEFS`):
+    op name -> the module defining it, which must be imported before the op can
+    run. torch's own (its prims) are there once torch is imported."""
     from torch._library.custom_ops import OPDEFS
 
     found = {}
     for node in exported.graph_module.graph.nodes:
         name = getattr(getattr(node.target, "_schema", None), "name", None) if node.op == "call_function" else None
-        if name in OPDEFS:
-            found[name] = OPDEFS[name]._init_fn.__module__
+        module = OPDEFS[name]._init_fn.__module__ if name in OPDEFS else "torch"
+        if module.partition(".")[0] != "torch":
+            found[name] = module
     return dict(sorted(found.items()))
 
 

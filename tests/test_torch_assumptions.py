@@ -550,3 +550,25 @@ def test_max_pooling_decomposes_in_a_process_that_never_compiled() -> None:
     assert json.loads(result.stdout) == dict.fromkeys(
         ["max_pool1d", "max_pool2d", "max_pool3d", "max_pool2d_ceil", "adaptive_max_pool2d"], True
     )
+
+
+@torch.library.custom_op("hatch_precompile_test::twice", mutates_args=())
+def _twice(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+@_twice.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+class CallsACustomOp(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.hatch_precompile_test.twice(nn.functional.max_pool2d(x, 2)) + torch.arange(4)
+
+
+def test_custom_ops_defined_in_python_are_found_with_their_module_and_torchs_own_are_not() -> None:
+    exported = torch_internals.decompose(torch.export.export(CallsACustomOp(), (torch.randn(1, 2, 8, 8),)))
+    targets = {str(node.target) for node in exported.graph_module.graph.nodes if node.op == "call_function"}
+    assert any(target.startswith("prims.") for target in targets)  # torch's own Python-defined ops are in the graph
+    assert torch_internals.python_op_libraries(exported) == {"hatch_precompile_test::twice": __name__}
