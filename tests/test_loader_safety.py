@@ -57,6 +57,22 @@ def encoder_files(package: Path) -> dict[str, str]:
     }
 
 
+# Asks for the encoder with fallback="error", then with the default (eager), then
+# for explain(): one line each.
+FALLS_BACK = """
+import warnings, torch
+from example_pkg import load_compiled, _precompiled
+try:
+    load_compiled("encoder", fallback="error")
+except _precompiled.PrecompiledModelError as error:
+    print("ERROR", error)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    model = load_compiled("encoder")
+print("EAGER", repr(model), len(caught), caught[0].category.__name__)
+print("EXPLAIN", load_compiled.explain("encoder"))
+"""
+
 ARTIFACT_FORM = {"HATCH_PRECOMPILE_FORM": "artifact"}  # for what only the artifact form reads or writes
 
 
@@ -136,20 +152,7 @@ def test_another_torch_or_python_is_never_loaded_and_both_sides_are_named(
     manifest = manifest_of(package)
     manifest["models"]["encoder"]["artifacts"][0]["built_with"][field] = value
     reseal(package / "manifest.json", manifest)
-    code = """
-import warnings, torch
-from example_pkg import load_compiled, _precompiled
-try:
-    load_compiled("encoder", fallback="error")
-except _precompiled.PrecompiledModelError as error:
-    print("ERROR", error)
-with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
-    model = load_compiled("encoder")
-print("EAGER", repr(model), len(caught), caught[0].category.__name__)
-print("EXPLAIN", load_compiled.explain("encoder"))
-"""
-    result = run_copy(deploy_venv, package, code)
+    result = run_copy(deploy_venv, package, FALLS_BACK)
     assert result.returncode == 0, result.stderr[-2000:]
     error, eager, explained = result.stdout.strip().splitlines()
     for line in (error, explained):
@@ -286,22 +289,12 @@ def test_a_custom_ops_library_that_cannot_be_imported_is_named_and_the_fallback_
     manifest = manifest_of(package)
     manifest["models"]["encoder"]["op_libraries"] = {"mylib::gather_experts": "mylib.ops"}
     reseal(package / "manifest.json", manifest)
-    code = """
-import warnings
-from example_pkg import load_compiled, _precompiled
-try:
-    load_compiled("encoder", fallback="error")
-except _precompiled.PrecompiledModelError as error:
-    print("ERROR", error)
-with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
-    print("EAGER", repr(load_compiled("encoder")))
-"""
-    result = run_copy(deploy_venv, package, code, HATCH_PRECOMPILE_FORM=form)
+    result = run_copy(deploy_venv, package, FALLS_BACK, HATCH_PRECOMPILE_FORM=form)
     assert result.returncode == 0, result.stderr[-2000:]
-    error, eager = result.stdout.strip().splitlines()
+    error, eager, explained = result.stdout.strip().splitlines()
     assert error.startswith(
         "ERROR model 'encoder': the compiled graph calls the custom op mylib::gather_experts, which mylib.ops defines, "
         "and importing it failed (No module named 'mylib'); install the package that provides mylib.ops."
     ), error
-    assert eager == "EAGER <eager fallback TextEncoder>"
+    assert eager == "EAGER <eager fallback TextEncoder> 1 PrecompiledFallbackWarning"
+    assert explained.endswith(", after importing mylib.ops (custom ops mylib::gather_experts)"), explained

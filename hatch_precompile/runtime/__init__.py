@@ -141,7 +141,11 @@ def explain(name: str | None = None) -> str:
         for choice in how.choices:
             why = "" if choice.form == "lean" else _why_artifact_form(choice)
             described.append(f"{choice.file} ({choice.form} form{why})")
-        lines.append(f"{each}: would load {', '.join(described)} for CPU target {how.choices[0].artifact['cpu_target']}")
+        line = f"{each}: would load {', '.join(described)} for CPU target {how.choices[0].artifact['cpu_target']}"
+        op_libraries = how.model.get("op_libraries", {})
+        if op_libraries:
+            line += f", after importing {', '.join(sorted(set(op_libraries.values())))} (custom ops {', '.join(op_libraries)})"
+        lines.append(line)
     return "\n".join(lines)
 
 

@@ -1,0 +1,160 @@
+"""The architecture battery and the options battery, through one wheel.
+
+Every architecture in `battery/architectures.py`, and the small vision net once
+per supported inductor option, is a model of one project built by the real hook
+(parallel workers), installed in a fresh environment and loaded in a fresh
+process with no compiler: each is compared with eager at each dim's min, max and
+a size between, in the form `load_compiled` picks and in the artifact form.
+Architectures torch cannot capture are built alone and must fail with their
+recorded reason. `docs/battery.md` is generated from these results
+(`HATCH_PRECOMPILE_UPDATE_DOCS=1`), and the test fails when its table no longer
+says what the battery found.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, Venv, no_compiler_env, run, write_project
+
+sys.path.insert(0, str(Path(__file__).parent / "battery"))
+from architectures import ARCHITECTURES, OPTIONS, Architecture, sizes, table  # noqa: E402
+from report import render, summary_rows  # noqa: E402
+
+pytestmark = pytest.mark.e2e
+
+MODELS = (Path(__file__).parent / "battery" / "models.py").read_text()
+DOCS = REPO / "docs" / "battery.md"
+BUILT = [a for a in [*ARCHITECTURES, *OPTIONS] if a.refused is None]
+
+# Compares every model with eager in one fresh process; prints a JSON report.
+COMPARE = r'''
+import json, sys, time, torch
+from battery import load_compiled, models
+
+def leaves(value):
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if hasattr(value, "items"):
+        return [leaf for _, item in value.items() for leaf in leaves(item)]
+    if isinstance(value, (tuple, list)):
+        return [leaf for item in value for leaf in leaves(item)]
+    return []
+
+def make(spec, size, generator):
+    shape = [size[s] if isinstance(s, str) else s for s in spec["shape"]]
+    dtype = getattr(torch, spec.get("dtype", "float32"))
+    if dtype == torch.bool:  # a padding mask: True hides a position; the first stays visible
+        mask = torch.rand(shape, generator=generator) < 0.3
+        mask[:, 0] = False
+        return mask
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=generator).to(dtype)
+    low, high = spec.get("range", [0, 2])
+    values = torch.randint(low, high, shape, generator=generator, dtype=dtype)
+    if high == 2:  # an attention mask: 1 attends; the first position always does
+        values[:, 0] = 1
+    return values
+
+report = {}
+for case in json.loads(sys.argv[1]):
+    name, factory = case["name"], case["factory"]
+    try:
+        compiled = load_compiled(name)
+        eager = getattr(models, factory)()
+        worst = 0.0
+        for index, size in enumerate(case["sizes"]):
+            generator = torch.Generator().manual_seed(index)
+            args = [make(spec, size, generator) for spec in case["inputs"]]
+            kwargs = {key: make(spec, size, generator) for key, spec in case["kwargs"].items()}
+            got = leaves(compiled(*args, **kwargs))
+            with torch.no_grad():
+                want = leaves(eager(*args, **kwargs))
+            assert len(got) == len(want), f"{len(got)} outputs, eager has {len(want)}"
+            for g, w in zip(got, want):
+                torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5, equal_nan=True)
+                if g.numel():
+                    worst = max(worst, (g.double() - w.double()).abs().nan_to_num().max().item())
+        report[name] = {"loaded": repr(compiled), "max_difference": worst}
+    except Exception as error:
+        report[name] = {"error": f"{type(error).__name__}: {error}"[:2000]}
+report["compiler modules imported"] = sorted(m for m in ("torch._inductor", "torch._dynamo") if m in sys.modules)
+print(json.dumps(report))
+'''
+
+
+@dataclass
+class Battery:
+    env: Venv
+    build_seconds: dict[str, float]  # model -> the hook's "done in" time
+
+
+@pytest.fixture(scope="module")
+def battery(tmp_path_factory: pytest.TempPathFactory, torch_venv: Venv) -> Battery:
+    import transformers
+
+    project = write_project(tmp_path_factory.mktemp("battery"), "battery", MODELS, "jobs = 2\n" + table(BUILT, "battery"))
+    result = run([sys.executable, "-m", "build", "--wheel", "--no-isolation", str(project)])
+    log = result.stdout + result.stderr
+    seconds = {m: float(s) for m, s in re.findall(r"precompile: (\w+): done in ([\d.]+) s", log)}
+    (wheel,) = (project / "dist").glob("*.whl")
+    torch_venv.pip("--no-deps", "--reinstall", str(wheel))
+    torch_venv.pip(f"transformers=={transformers.__version__}")  # the eager models, and the output classes
+    return Battery(torch_venv, seconds)
+
+
+def compare(battery: Battery, tmp_path: Path, architectures: list[Architecture], **env: str) -> dict:
+    cases = [
+        {"name": a.name, "factory": a.factory, "inputs": a.inputs, "kwargs": a.kwargs, "sizes": sizes(a)} for a in architectures
+    ]
+    result = run([battery.env.python, "-c", COMPARE, json.dumps(cases)], env=no_compiler_env(tmp_path, **env), check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert not (tmp_path / "compiler-used").exists()
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def form(loaded: str) -> str:
+    """'lean' or 'artifact', from the loaded model's repr."""
+    return "lean" if loaded.endswith(".py>") else "artifact"
+
+
+def test_every_architecture_and_option_matches_eager_in_the_form_it_loads_in(battery: Battery, tmp_path: Path) -> None:
+    report = compare(battery, tmp_path, BUILT)
+    imported = report.pop("compiler modules imported")
+    failures = {name: entry["error"] for name, entry in report.items() if "error" in entry}
+    assert failures == {}
+    forms = {name: form(entry["loaded"]) for name, entry in report.items()}
+    assert forms == {a.name: a.form for a in BUILT}
+    assert imported == ([] if all(a.form == "lean" for a in BUILT) else ["torch._dynamo", "torch._inductor"])
+    results = {
+        a.name: {"status": "builds", "form": forms[a.name], "build_seconds": battery.build_seconds.get(a.name), "max_difference": report[a.name]["max_difference"]}
+        for a in BUILT
+    }
+    results.update({a.name: {"status": "refused", "reason": a.refused} for a in [*ARCHITECTURES, *OPTIONS] if a.refused})
+    if os.environ.get("HATCH_PRECOMPILE_UPDATE_DOCS"):
+        DOCS.write_text(render(results), encoding="utf-8")
+    assert summary_rows(DOCS.read_text(encoding="utf-8")) == summary_rows(render(results)), (
+        "docs/battery.md no longer says what the battery found: rerun with HATCH_PRECOMPILE_UPDATE_DOCS=1"
+    )
+
+
+def test_every_architecture_and_option_matches_eager_in_the_artifact_form(battery: Battery, tmp_path: Path) -> None:
+    report = compare(battery, tmp_path, BUILT, HATCH_PRECOMPILE_FORM="artifact")
+    report.pop("compiler modules imported")
+    assert {name: entry.get("error") for name, entry in report.items()} == {a.name: None for a in BUILT}
+    assert {form(entry["loaded"]) for entry in report.values()} == {"artifact"}
+
+
+@pytest.mark.parametrize("architecture", [a for a in ARCHITECTURES if a.refused], ids=lambda a: a.name)
+def test_an_architecture_torch_cannot_capture_is_refused_in_the_configurations_terms(tmp_path: Path, architecture: Architecture) -> None:
+    project = write_project(tmp_path, "battery", MODELS, table([architecture], "battery"))
+    result = run([sys.executable, "-m", "build", "--wheel", "--no-isolation", str(project)], check=False)
+    assert result.returncode != 0
+    assert architecture.refused in result.stdout + result.stderr
