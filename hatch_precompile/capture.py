@@ -103,7 +103,7 @@ class _ExportFailed(Exception):
     def __init__(self, error: BaseException, dynamic_shapes: Any, args: tuple, kwargs: dict[str, Any], example_sizes: dict[str, int]) -> None:
         super().__init__(str(error))
         self.error, self.dynamic_shapes, self.example_sizes = error, dynamic_shapes, example_sizes
-        self.args_and_kwargs = args, kwargs
+        self.example_args, self.example_kwargs = args, kwargs
 
 
 def _export(model: dict[str, Any], module: torch.nn.Module, fixed: dict[str, int]) -> Captured:
@@ -316,9 +316,10 @@ def _capture_failure(model: dict[str, Any], module: torch.nn.Module, fixed: dict
     where that can be found, then torch's own message.
 
     A constraint violation comes with torch's suggested fixes. Any other error with
-    dims dynamic is tried again with dims static (each alone, then all at once),
-    since a model whose code needs a fixed size (a position table, a size check)
-    fails with a message about torch's symbols (`s100*s4`), not the dims declared."""
+    dims dynamic is looked into, since a model whose code needs a fixed size (a
+    position table, a size check) fails with a message about torch's symbols
+    (`s100*s4`), not the dims declared: the module is run eagerly on the example
+    inputs, then captured again with every dim static, then with each alone."""
     message = _torch_error(failed.error) + _raised_in(failed.error)
     fixes = constraint_fixes(failed.error, failed.dynamic_shapes)
     if fixes:
@@ -333,10 +334,9 @@ def _capture_failure(model: dict[str, Any], module: torch.nn.Module, fixed: dict
     if not dynamic:
         return message
     static = {d: failed.example_sizes[d] for d in dynamic}
-    args, kwargs = failed.args_and_kwargs
     try:
         with torch.no_grad():
-            module(*args, **kwargs)
+            module(*failed.example_args, **failed.example_kwargs)
     except Exception as error:
         at = ", ".join(f"{d} = {size}" for d, size in static.items())
         return (
