@@ -129,7 +129,10 @@ def _compile(
     config = {**model["options"]}
     isa, isa_flags = "", ""
     if target.simdlen:
-        isa, isa_flags = torch_internals.vector_isa(target.simdlen)
+        try:
+            isa, isa_flags = torch_internals.vector_isa(target.simdlen)
+        except Exception as error:  # the probe compiles and runs a program with the C++ compiler
+            raise ModelBuildError(name, step, f"probing the CPU's vector instructions failed: {_torch_error(error)}") from None
         if not isa:
             raise ModelBuildError(
                 name,
