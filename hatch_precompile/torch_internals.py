@@ -181,6 +181,10 @@ def compile_exported(exported: torch.export.ExportedProgram, inductor_config: di
         after_aot.save_graph_repro = original
 
 
+# `__FILE__` of torch's headers as `torch/...`, for the kernels and the precompiled header alike.
+_TORCH_PATH_MAP = shlex.quote(f"-ffile-prefix-map={os.path.dirname(torch.__file__)}=torch")
+
+
 @contextlib.contextmanager
 def _precompiled_headers_without_build_paths() -> Iterator[None]:
     """While active, precompiled headers are built with `__FILE__` of torch's
@@ -248,9 +252,6 @@ def captured_kernels() -> Iterator[dict[str, Callable[[], str]]]:
         yield built
     finally:
         cls.load_pybinding_async = classmethod(original)
-
-
-_TORCH_PATH_MAP = shlex.quote(f"-ffile-prefix-map={os.path.dirname(torch.__file__)}=torch")
 
 
 def _without_build_paths(arguments: dict[str, Any], key: str) -> dict[str, Any]:

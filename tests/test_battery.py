@@ -36,7 +36,7 @@ BUILT = [a for a in [*ARCHITECTURES, *OPTIONS] if a.refused is None]
 
 # Compares every model with eager in one fresh process; prints a JSON report.
 COMPARE = r'''
-import json, sys, time, torch
+import json, sys, torch
 from battery import load_compiled, models
 
 def leaves(value):
