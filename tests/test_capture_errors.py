@@ -215,3 +215,43 @@ def test_a_model_torch_cannot_capture_at_any_size_is_told_that_dims_will_not_hel
         "torch.export cannot capture the model even with every declared dim static, so no `dims` setting helps: "
         "the model's code must change\n\ntorch's message:\n"
     ), message
+
+
+class FormatsBothSizes(nn.Module):
+    """Formats two sizes: static alone, either one still fails."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tag = f"{x.shape[0]:d}x{x.shape[1]:d}"
+        return x * len(tag)
+
+
+def test_dims_the_code_needs_fixed_together_are_named_together() -> None:
+    message = capture_error(
+        FormatsBothSizes(), [{"shape": ["batch", "length"]}], {"batch": {"min": 1, "max": 8}, "length": {"min": 2, "max": 64}}
+    )
+    assert message.startswith(
+        "the model's code needs fixed sizes for the declared dims batch and length together: "
+        "torch.export captures it only with all of them static:\n"
+        f"  - {PATH}.dims.batch = {{ min = 1, max = 8 }}\n"
+    ), message
+    assert f"  - {PATH}.dims.length = {{ min = 2, max = 64 }}\n" in message
+
+
+class Holder:
+    def __init__(self, value: torch.Tensor) -> None:
+        self.value = value
+
+
+class ReturnsAnObject(nn.Module):
+    def forward(self, x: torch.Tensor) -> Holder:
+        return Holder(x * 2)
+
+
+def test_an_output_torch_cannot_flatten_gets_advice_on_what_to_return() -> None:
+    message = capture_error(ReturnsAnObject(), [{"shape": ["batch", 8]}], {"batch": {"min": 1, "max": 16}})
+    assert message.startswith(
+        "the model takes or returns an object torch.export cannot flatten into tensors; return tensors, tuples, lists, "
+        "dicts or library output classes (for a transformers decoder, set `use_cache=False` in its config, "
+        "so that it returns no cache object)\n\ntorch's message:\n"
+    ), message
+    assert "which is not a known type" in message
