@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import resource
 import shutil
 import statistics
 import subprocess

@@ -45,6 +45,12 @@ class BuildPlan:
     keep: EntryStore | None  # where new artifacts are kept: the build cache, or a part
     claims: dict[str, dict[str, Claim]]  # per model, the artifacts given as parts
 
+    @property
+    def headers(self) -> Path:
+        """The compiler's precompiled headers: kept in the build cache (shared by
+        every build of the same torch and compiler), else scratch."""
+        return (self.cache.root if self.cache else self.staging) / "headers"
+
 
 @dataclass(frozen=True)
 class CompiledModel:
@@ -100,7 +106,13 @@ def _compile_one(
     request = plan.staging / f"{model.name}.request.json"
     request.write_text(
         json.dumps(
-            {"model": model.to_json(), "out_dir": str(out_dir), "import_paths": plan.import_paths, "sources": sources.to_json()}
+            {
+                "model": model.to_json(),
+                "out_dir": str(out_dir),
+                "import_paths": plan.import_paths,
+                "sources": sources.to_json(),
+                "headers": str(plan.headers),
+            }
         ),
         encoding="utf-8",
     )

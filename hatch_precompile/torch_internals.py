@@ -53,11 +53,15 @@ What it relies on (measured on torch 2.13):
   `forward_time_taken_ns` and `backward_time_taken_ns`. In a kernel, `__FILE__`
   names torch's headers and the source file, which the cache names by a hash of
   the command line (absolute paths); `extra_flags` reach every compiler call but
-  the precompiled header's (`config.cpp_cache_precompile_headers`), which
-  `_precompile_header` builds from `cpp_builder.CppTorchDeviceOptions(...,
-  precompiling=True)`: options whose `_passthrough_args` reach its command line.
-  Kernels spend most of their compile parsing that header (3.2 of 3.6 s for one
-  kernel), so the build uses it, with the path map added there too.
+  the precompiled header's (`config.cpp_cache_precompile_headers`). Kernels
+  spend most of their compile parsing that header (3.2 of 3.6 s for one kernel),
+  so the build uses it. `CppCodeCache.load_async` gets it from the module global
+  `codecache._precompile_header(header, hashable_cmd_line, **compile_command)`,
+  the path to `-include` (the `.gch` beside it), even when the kernel's `.so` is
+  already built; `cpp_builder.CppTorchDeviceOptions(**compile_command,
+  precompiling=True)`, whose `_passthrough_args` reach the command line, with
+  `CppBuilder` builds `<source>.gch`. The build supplies its own
+  (`precompiled_headers_in`), with the path map added.
 """
 
 from __future__ import annotations
@@ -65,12 +69,15 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import hashlib
 import importlib
 import inspect
 import os
 import shlex
 import sys
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import torch
@@ -169,7 +176,7 @@ def compile_exported(exported: torch.export.ExportedProgram, inductor_config: di
     # The repro script the artifact keeps would copy the environment (the cache's path).
     after_aot.save_graph_repro = functools.partial(original, stable_output=True)
     try:
-        with torch.no_grad(), _precompiled_headers_without_build_paths():
+        with torch.no_grad():
             return torch._inductor.standalone_compile(
                 graph_module,
                 fake_inputs,
@@ -181,29 +188,67 @@ def compile_exported(exported: torch.export.ExportedProgram, inductor_config: di
         after_aot.save_graph_repro = original
 
 
+_TORCH_DIR = os.path.dirname(torch.__file__)
 # `__FILE__` of torch's headers as `torch/...`, for the kernels and the precompiled header alike.
-_TORCH_PATH_MAP = shlex.quote(f"-ffile-prefix-map={os.path.dirname(torch.__file__)}=torch")
+_TORCH_PATH_MAP = shlex.quote(f"-ffile-prefix-map={_TORCH_DIR}=torch")
 
 
 @contextlib.contextmanager
-def _precompiled_headers_without_build_paths() -> Iterator[None]:
-    """While active, precompiled headers are built with `__FILE__` of torch's
-    headers relative to torch, as the kernels are (`_without_build_paths`): a
-    kernel that includes one gets its strings from it."""
-    from torch._inductor.cpp_builder import CppTorchDeviceOptions as options
+def precompiled_headers_in(folder: Path) -> Iterator[None]:
+    """While active, inductor's precompiled headers are kept in `folder`, named by
+    what decides their bytes, and built with `__FILE__` of torch's headers
+    relative to torch, as the kernels are (`_without_build_paths`): a kernel that
+    includes one gets its strings from it.
 
-    original = options.__init__
+    Inductor's own `_precompile_header` names a header by a hash of its command
+    line and of the preprocessed header, both of which hold torch's absolute
+    path, and keeps it under /tmp/torchinductor_<user>: every isolated build
+    environment compiled a new 156 MB header (9 s here) and left it there. Here
+    the name hashes the command line with torch's folder taken out, the torch
+    build and the compiler's version, so builds in any environment of the same
+    torch share one header, in the build cache."""
+    from torch._inductor import codecache
 
-    def init(self: Any, *args: Any, **kwargs: Any) -> None:
-        original(self, *args, **kwargs)
-        if kwargs.get("precompiling") or kwargs.get("preprocessing"):
-            self._passthrough_args.append(_TORCH_PATH_MAP)
-
-    options.__init__ = init
+    original = codecache._precompile_header
+    codecache._precompile_header = functools.cache(functools.partial(_precompiled_header, folder))
     try:
         yield
     finally:
-        options.__init__ = original
+        codecache._precompile_header = original
+
+
+def _precompiled_header(folder: Path, header: str, hashable_cmd_line: str, **compile_command: Any) -> str:
+    """What `codecache._precompile_header(header, hashable_cmd_line, **compile_command)`
+    returns: the path to `-include`, with the `.gch` beside it built if missing."""
+    from torch._inductor.cpp_builder import CppBuilder, CppTorchDeviceOptions, get_compiler_version_info
+    from torch.utils._filelock import FileLock
+
+    compile_command.pop("extra_flags", None)  # link inputs, which a header compile rejects (as torch does)
+    options = CppTorchDeviceOptions(**compile_command, precompiling=True)
+    options._passthrough_args.append(_TORCH_PATH_MAP)
+    own_line = CppBuilder(name="h", sources="h.h", BuildOption=options).get_command_line()
+    identity = "\0".join(
+        (
+            header,
+            hashable_cmd_line.replace(_TORCH_DIR, "torch"),  # the including compiles' flags must match
+            own_line.replace(_TORCH_DIR, "torch"),
+            torch.__version__,
+            torch.version.git_version,
+            get_compiler_version_info(options.get_compiler()),
+        )
+    )
+    path = folder / f"{hashlib.sha256(identity.encode()).hexdigest()[:40]}.h"
+    if not Path(f"{path}.gch").exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        with FileLock(f"{path}.lock"):
+            if not Path(f"{path}.gch").exists():
+                path.write_text(f"#include <{header}>\n")
+                with tempfile.TemporaryDirectory(dir=folder) as scratch:  # a killed compile leaves no half header
+                    source = Path(scratch) / path.name
+                    source.write_text(f"#include <{header}>\n")
+                    CppBuilder(name=str(source), sources=str(source), BuildOption=options).build()
+                    os.replace(f"{source}.gch", f"{path}.gch")
+    return str(path)
 
 
 def save_artifact(artifact: Any, path: str) -> None:

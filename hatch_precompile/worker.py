@@ -3,7 +3,8 @@
 The hook runs one worker per model so that torch, the project's code and
 inductor's state never enter the build backend's process. Protocol:
 - REQUEST.json: {"model": ModelConfig.to_json(), "out_dir": str, "import_paths": [str],
-  "sources": ArtifactSources.to_json()} (the parts and build cache to take artifacts from)
+  "sources": ArtifactSources.to_json(), "headers": str} (the parts and build cache to take
+  artifacts from; the folder for the compiler's precompiled headers)
 - stdout: one line per finished step, `PROGRESS_PREFIX` followed by JSON
   {"step": str, "seconds": float | None}; anything else on stdout/stderr is torch's chatter.
 - out_dir/result.json: {"entry": manifest entry, "keys": {artifact file: cache key},
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
 if TYPE_CHECKING:
+    from .cache import ArtifactSources
     from .compile import ProducedArtifact
 
 PROGRESS_PREFIX = "@hatch-precompile-progress "
@@ -50,11 +52,19 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
 
         from . import torch_internals
         from .cache import ArtifactSources
-        from .capture import build_module, capture, shape_variants
-        from .compile import CHECK_DIR, cpu_targets, model_entry, produce_artifact
-        from .weights import lifted_weights, save_weights
-        from .errors import ModelBuildError
     sources = ArtifactSources.from_json(request["sources"])
+    with torch_internals.precompiled_headers_in(Path(request["headers"])):
+        return _produce(model, out_dir, sources)
+
+
+def _produce(model: dict[str, Any], out_dir: Path, sources: ArtifactSources) -> dict[str, Any]:
+    """Build the module, capture and compile (or fetch) each variant, check the lean forms."""
+    from . import torch_internals
+    from .capture import build_module, capture, shape_variants
+    from .compile import CHECK_DIR, cpu_targets, model_entry, produce_artifact
+    from .errors import ModelBuildError
+    from .weights import lifted_weights, save_weights
+
     with _step("built the module"):
         module = build_module(model)
     produced: list[ProducedArtifact] = []

@@ -7,7 +7,6 @@ import json
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 
 from hatch_precompile.assemble import BUILD_MODULE, RUNTIME_FILES, assemble, runtime_requirements, wheel_tag

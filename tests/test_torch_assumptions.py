@@ -59,7 +59,7 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> Compiled:
         batch = torch.export.Dim("batch", min=1, max=32)
         exported = torch.export.export(module, (torch.randn(3, 8),), dynamic_shapes=({0: batch},))
         exported = torch_internals.decompose(exported)
-        with torch_internals.captured_kernels() as built:
+        with torch_internals.precompiled_headers_in(folder / "headers"), torch_internals.captured_kernels() as built:
             artifact = torch_internals.compile_exported(exported, {})
             kernels = {key: Path(path()) for key, path in built.items()}
         path = folder / "small.bin"
@@ -375,20 +375,25 @@ def test_the_hooks_reproducible_builds_rely_on(compiled) -> None:
     for path in compiled.kernels.values():
         binary = path.read_bytes().decode("latin-1")
         assert str(compiled.cache) not in binary and torch_dir not in binary
-    from torch._inductor.codecache import _HEADER_DIR  # under the inductor cache of the process's start
+    headers = list((compiled.path.parent / "headers").glob("*.h.gch"))
+    assert headers, "the kernels were compiled without the build's precompiled header"
 
-    assert list(Path(_HEADER_DIR).rglob("*.gch")), "the kernels were compiled without a precompiled header"
 
+def test_precompiled_headers_come_from_a_module_global_the_build_can_replace() -> None:
+    """`precompiled_headers_in` replaces `codecache._precompile_header`, which the
+    C++ code cache calls by its global name, and builds the header itself with
+    options whose passthrough arguments (the path map) reach the command line."""
+    import inspect
 
-def test_precompiled_headers_are_built_from_options_whose_passthrough_args_reach_the_command_line() -> None:
+    from torch._inductor import codecache
     from torch._inductor.cpp_builder import CppBuilder, CppTorchDeviceOptions
 
-    with torch_internals._precompiled_headers_without_build_paths():
-        options = CppTorchDeviceOptions(device_type="cpu", precompiling=True)
-        kernel = CppTorchDeviceOptions(device_type="cpu", compile_only=True)
-    line = CppBuilder(name="o", sources="i.h", BuildOption=options).get_command_line()
-    assert torch_internals._TORCH_PATH_MAP in line
-    assert torch_internals._TORCH_PATH_MAP not in CppBuilder(name="o", sources="i", BuildOption=kernel).get_command_line()
+    parameters = inspect.signature(codecache._precompile_header.__wrapped__).parameters
+    assert list(parameters)[:2] == ["header", "hashable_cmd_line"] and "compile_command" in parameters
+    assert "_precompile_header(" in inspect.getsource(codecache.CppCodeCache.load_async)
+    options = CppTorchDeviceOptions(device_type="cpu", precompiling=True)
+    options._passthrough_args.append(torch_internals._TORCH_PATH_MAP)
+    assert torch_internals._TORCH_PATH_MAP in CppBuilder(name="o", sources="i.h", BuildOption=options).get_command_line()
 
 
 def test_the_loader_binds_exactly_the_names_the_build_leaves_unbound() -> None:
