@@ -51,7 +51,7 @@ build_example_wheel() {  # build_example_wheel <project folder>: its wheel into 
   # python -m build with isolation, as a user would, from a copy whose build
   # requirement pins the torch in use; hatch-precompile comes from $DEMO/wheelhouse.
   # The full log is kept in $DEMO/<folder>-build.log.
-  local log="$DEMO/$1-build.log" copy="$DEMO/src/$1"
+  local log="$DEMO/${1##*/}-build.log" copy="$DEMO/src/${1##*/}"
   mkdir -p "$DEMO/src" && cp -r "$1" "$copy" && rm -rf "$copy/dist"
   sed -i "s/\"$DEFAULT_TORCH\"/\"$TORCH_REQUIREMENT\"/" "$copy/pyproject.toml"
   if ! PIP_FIND_LINKS="$PWD/$DEMO/wheelhouse ${PIP_FIND_LINKS:-}" \
@@ -88,10 +88,19 @@ demo() {
   "$DEMO/venv/bin/python" scripts/first_output.py
 }
 
+install_big_weights() {  # after install_example: adds big_weights (2.7 GB of MLP weights) to $DEMO/venv
+  echo "== building the big-weights wheel (two MLPs, 537 MB and 2.1 GB of weights)"
+  build_example_wheel benchmarks/big_weights
+  "$DEMO/venv/bin/python" -m pip install --disable-pip-version-check -q "$DEMO"/dist/big_weights-*.whl
+}
+
 bench() {
   install_example
-  if [[ " $* " != *" --models encoder "* ]]; then
+  if [[ " $* " != *" --models "* || " $* " == *" bert"* ]]; then  # bert is measured by default
     install_transformers_example
+  fi
+  if [[ " $* " == *" mlp_"* ]]; then
+    install_big_weights
   fi
   echo "== benchmark (several minutes: torch.compile runs cold once per run and model)"
   "$DEMO/venv/bin/python" benchmarks/cold_start.py "$@"

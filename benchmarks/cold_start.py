@@ -7,6 +7,9 @@ builds both and runs this). Models (--models):
   [8, 64]
 - bert: the transformers example (example_transformers, package example_bert), a
   small BertModel; input_ids [8, 32] and a fixed padding mask as attention_mask
+- mlp_537mb, mlp_2gb: models whose load is their weights (benchmarks/big_weights,
+  package big_weights): eight square Linear layers, 537 MB and 2.1 GB of float32;
+  input [8, width]. Not in the default set (the wheel is 2.7 GB): ask for them
 
 Each case runs in fresh processes (median of --runs, min-max shown), every case of
 every model interleaved in one run, so that they share the machine's current load.
@@ -15,13 +18,19 @@ First output is timed from process start, `import torch` included:
 - eager: import, build the module with the model's factory, call it (the encoder
   also loads the wheel's shipped weights; BERT's factory makes its own, and
   imports transformers)
+- eager, fast path (the MLPs): the way users load big models: the module built
+  on the meta device, the wheel's safetensors file memory-mapped and bound with
+  `load_state_dict(assign=True)`
 - torch.compile, empty cache: the eager module through torch.compile, empty
   inductor cache
 - torch.compile, warm cache: the same, with the cache a previous process filled
 - torch.compile cpp_wrapper, warm cache: the same with inductor's `cpp_wrapper`
   option (the graph's wrapper is C++, like AOTInductor's), for its steady state
-- load_compiled: `load_compiled(name)`, the loader's default form; empty caches,
-  no C++ compiler on PATH
+- load_compiled: `load_compiled(name)`, the loader's default form; empty caches
+  (the first process after install: the weights file is hashed), no C++ compiler
+  on PATH
+- load_compiled, next processes (the MLPs): the same with the private cache a
+  previous process left, which holds the weights' verification stamp
 - load_compiled, artifact form: the same, with HATCH_PRECOMPILE_FORM=artifact set
   (loaders that do not read it run their default form)
 - load_compiled, plain outputs (bert only): `load_compiled(name, outputs="plain")`,
@@ -74,6 +83,7 @@ class Model:
     max_batch: int  # the AOTInductor export's dynamic batch range is [1, max_batch]
     library: str | None  # the library of the output classes, whose import we record
     output_module: str | None  # defines them; AOTInductor's package rebuilds them only once it is imported
+    features: int = 0  # > 0: the input is one float tensor [BATCH, features] instead of token ids
 
 
 MODELS = {
@@ -103,9 +113,30 @@ MODELS = {
         library="transformers",
         output_module="transformers.modeling_outputs",  # registers ModelOutput classes with torch's pytree
     ),
+    **{
+        key: Model(
+            key=key,
+            title=f"MLP of eight {width}x{width} Linear layers, {size} of float32 weights (benchmarks/big_weights)",
+            package="big_weights",
+            name=key,
+            factory=f"big_weights.model:{key}",
+            sequence=0,
+            attention_mask=False,
+            eager_loads_weights=True,
+            max_batch=64,
+            library=None,
+            output_module=None,
+            features=width,
+        )
+        for key, width, size in (("mlp_537mb", 4096, "537 MB"), ("mlp_2gb", 8192, "2.1 GB"))
+    },
 }
+DEFAULT_MODELS = ["encoder", "bert"]
+BIG_CALLS = 20  # steady-state calls for the MLPs, whose calls stream their weights
 
 EAGER, COMPILE_EMPTY, COMPILE_WARM = "eager", "torch.compile, empty cache", "torch.compile, warm cache"
+EAGER_FAST = "eager, fast path"
+LOADER_NEXT = "load_compiled, next processes"
 COMPILE_CPP = "torch.compile cpp_wrapper, warm cache"
 LOADER, LOADER_ARTIFACT, LOADER_PLAIN = "load_compiled", "load_compiled, artifact form", "load_compiled, plain outputs"
 AOTI = "AOTInductor"
@@ -113,6 +144,9 @@ COMPILER = ["torch._inductor", "torch._dynamo"]  # in sys.modules: the process p
 
 
 def cases_for(model: Model) -> list[str]:
+    """The cases measured for a model; the first is the baseline of "vs eager"."""
+    if model.features:
+        return [EAGER_FAST, LOADER, LOADER_NEXT]
     plain = [LOADER_PLAIN] if model.library else []  # only a model with library output classes has "plain" ones
     return [EAGER, COMPILE_EMPTY, COMPILE_WARM, COMPILE_CPP, LOADER, LOADER_ARTIFACT, *plain, AOTI]
 
@@ -132,8 +166,10 @@ torch.set_num_threads(int(os.environ["BENCH_THREADS"]))
 
 def inputs():
     # The same call in every case: token ids, and a fixed padding mask where the
-    # model takes one (row i ends in 2*i padding tokens).
+    # model takes one (row i ends in 2*i padding tokens); or one float tensor.
     batch, length = spec["batch"], spec["sequence"]
+    if spec["features"]:
+        return (torch.randn(batch, spec["features"], generator=torch.Generator().manual_seed(0)),), {}
     ids = torch.randint(0, 1000, (batch, length), generator=torch.Generator().manual_seed(0))
     if not spec["attention_mask"]:
         return (ids,), {}
@@ -141,20 +177,28 @@ def inputs():
     return (ids,), {"attention_mask": mask}
 
 
-def eager_module():
+def eager_module(fast=False):
     module, function = spec["factory"].split(":")
-    model = getattr(importlib.import_module(module), function)()
+    factory = getattr(importlib.import_module(module), function)
+    if fast:  # no initialisation: parameters on the meta device, replaced by the mapped file's tensors
+        with torch.device("meta"):
+            model = factory()
+    else:
+        model = factory()
     if spec["eager_loads_weights"]:
         from pathlib import Path
         from safetensors.torch import load_file
         package = Path(importlib.import_module(spec["package"]).__file__).parent
-        model.load_state_dict(load_file(package / "_precompiled" / spec["name"] / "weights.safetensors"), strict=False)
+        weights = load_file(package / "_precompiled" / spec["name"] / "weights.safetensors")
+        model.load_state_dict(weights, strict=fast, assign=fast)
     return model
 
 
 def load():
     if case == "eager":
         return eager_module()
+    if case == "eager, fast path":
+        return eager_module(fast=True)
     if case.startswith("torch.compile cpp_wrapper"):
         return torch.compile(eager_module(), options={"cpp_wrapper": True})
     if case.startswith("torch.compile"):
@@ -260,6 +304,9 @@ class Environments:
     def for_case(self, case: str, model: Model) -> dict[str, str]:
         if case in (COMPILE_WARM, COMPILE_CPP):
             return self.warm_cache(model, case)
+        if case == LOADER_NEXT:  # the private cache every run shares, stamped by the setup's run
+            folder = self.scratch / f"{model.key}-loader"
+            return {**self.no_compiler, "TORCHINDUCTOR_CACHE_DIR": f"{folder}/inductor", "HATCH_PRECOMPILE_CACHE_DIR": f"{folder}/hp"}
         env = self.no_compiler if case.startswith(LOADER) or case == AOTI else self.base
         if case == LOADER_ARTIFACT:
             env = {**env, "HATCH_PRECOMPILE_FORM": "artifact"}
@@ -312,8 +359,12 @@ def interleaved_runs(models: list[Model], envs: Environments, args: argparse.Nam
                 if runs and "skipped" in runs[0]:
                     continue
                 package = envs.scratch / f"{model.key}.pt2"
-                runs.append(run_child(case, model, envs.for_case(case, model), args.calls, package))
+                runs.append(run_child(case, model, envs.for_case(case, model), calls_for(model, args), package))
     return results
+
+
+def calls_for(model: Model, args: argparse.Namespace) -> int:
+    return min(args.calls, BIG_CALLS) if model.features else args.calls
 
 
 def spread(values: list[float], digits: int) -> str:
@@ -332,6 +383,8 @@ def imported(runs: list[dict], modules: list[str]) -> str:
 
 def print_table(model: Model, results: dict[str, list[dict]], threads: int) -> None:
     batch_shape = f"{BATCH}x{model.sequence}" + (" (+ attention_mask)" if model.attention_mask else "")
+    if model.features:
+        batch_shape = f"{BATCH}x{model.features}"
     print(f"### {model.title}, batch {batch_shape}, {threads} thread(s)\n")
     print(f"load_compiled.explain(): {explain(model)}\n")
     columns = ["case", "first output, s (min-max)", "vs eager", "steady state, ms/call (min-max)",
@@ -339,8 +392,9 @@ def print_table(model: Model, results: dict[str, list[dict]], threads: int) -> N
     columns += [f"{model.library} imported"] if model.library else []
     print("| " + " | ".join(columns) + " |")
     print("|" + "---|" * len(columns))
-    eager_first = statistics.median(r["first"] for r in results[EAGER])
-    compile_call = statistics.median(r["call"] for r in results[COMPILE_EMPTY])
+    eager_first = statistics.median(r["first"] for r in results[cases_for(model)[0]])
+    compile_runs = results.get(COMPILE_EMPTY)
+    compile_call = statistics.median(r["call"] for r in compile_runs) if compile_runs else None
     skipped = {}
     for case, runs in results.items():
         if "skipped" in runs[0]:
@@ -351,7 +405,7 @@ def print_table(model: Model, results: dict[str, list[dict]], threads: int) -> N
         call = [r["call"] * 1000 for r in runs]
         print(
             f"| {case} | {spread(first, 2)} | {statistics.median(first) / eager_first:.2f}x "
-            f"| {spread(call, 3)} | {statistics.median(call) / (compile_call * 1000):.2f}x "
+            f"| {spread(call, 3)} | {f'{statistics.median(call) / (compile_call * 1000):.2f}x' if compile_call else 'n/a'} "
             f"| {statistics.median(r['rss'] for r in runs):.0f} "
             f"| {imported(runs, COMPILER)} |"
             + (f" {imported(runs, [model.library])} |" if model.library else "")
@@ -374,8 +428,8 @@ def positive(text: str) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS),
-                        help="models to measure (default: all)")
+    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=DEFAULT_MODELS,
+                        help=f"models to measure (default: {' '.join(DEFAULT_MODELS)})")
     parser.add_argument("--runs", type=positive, default=5, help="fresh processes per case (default 5)")
     parser.add_argument("--calls", type=positive, default=200, help="calls for the steady-state median (default 200)")
     parser.add_argument("--threads", type=positive, default=os.cpu_count() or 1,
@@ -387,11 +441,14 @@ def main() -> None:
     scratch = Path(tempfile.mkdtemp(prefix="bench-"))
     try:
         envs = Environments(scratch, args.threads)
-        for model in models:  # setup: the AOTInductor package and the warm inductor cache
+        for model in models:  # setup: the AOTInductor package, the warm caches, the loader's stamp
             print(f"setup: {model.key}", file=sys.stderr, flush=True)
-            run_child("aoti setup", model, envs.for_case(EAGER, model), 0, scratch / f"{model.key}.pt2")
-            for warm in (COMPILE_WARM, COMPILE_CPP):
-                run_child(warm, model, envs.warm_cache(model, warm), 1, scratch / f"{model.key}.pt2")
+            package = scratch / f"{model.key}.pt2"
+            if AOTI in cases_for(model):
+                run_child("aoti setup", model, envs.for_case(EAGER, model), 0, package)
+            for warm in (COMPILE_WARM, COMPILE_CPP, LOADER_NEXT):
+                if warm in cases_for(model):
+                    run_child(warm, model, envs.for_case(warm, model), 1, package)
         results = interleaved_runs(models, envs, args)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -19,6 +19,7 @@ from packaging.version import Version
 from . import __version__
 from .native import stricter_platform
 from .runtime import MANIFEST_FORMAT
+from .runtime._integrity import CHUNK_SIZE, chunk_digests
 
 RUNTIME_DIR = Path(__file__).parent / "runtime"
 # The files of `runtime/` that go into every wheel, as `<package>/_precompiled/<name>`.
@@ -65,11 +66,8 @@ def _torch_platform_tag() -> str | None:
 
 
 def file_record(path: Path) -> dict[str, Any]:
-    digest = hashlib.sha256()
     with path.open("rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(block)
-    return {"size": path.stat().st_size, "sha256": digest.hexdigest()}
+        return {"size": path.stat().st_size, "sha256": hashlib.file_digest(stream, "sha256").hexdigest()}
 
 
 def assemble(staging: Path, package: str, fallback: dict[str, str], entries: dict[str, dict[str, Any]]) -> dict[str, str]:
@@ -85,7 +83,8 @@ def assemble(staging: Path, package: str, fallback: dict[str, str], entries: dic
         entry = {**entry, "fallback": fallback[model]}
         if "file" in entry["weights"]:
             entry["weights"] = {**entry["weights"], "file": f"{model}/{entry['weights']['file']}"}
-            entry["weights"].update(file_record(staging / entry["weights"]["file"]))
+            weights = staging / entry["weights"]["file"]
+            entry["weights"].update(file_record(weights), chunk_size=CHUNK_SIZE, chunk_sha256=chunk_digests(weights, CHUNK_SIZE))
         entry["artifacts"] = [_artifact_record(model, model_dir, a) for a in entry["artifacts"]]
         kernel_keys = sorted({key for a in entry["artifacts"] for key in a["kernels"]})
         entry["kernels"] = {

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from conftest import Venv, no_compiler_env, reseal
+from hatch_precompile.runtime import MANIFEST_FORMAT
 
 pytestmark = pytest.mark.e2e
 
@@ -122,7 +123,7 @@ def test_a_manifest_of_another_format_is_refused(deploy_venv: Venv, package: Pat
     manifest = manifest_of(package)
     manifest["format"] = 1
     reseal(package / "manifest.json", manifest)
-    assert_refused(run_copy(deploy_venv, package), "PrecompiledModelError", "has format 1; this loader reads format 2")
+    assert_refused(run_copy(deploy_venv, package), "PrecompiledModelError", f"has format 1; this loader reads format {MANIFEST_FORMAT}")
 
 
 def test_a_manifest_without_its_digest_module_is_refused(deploy_venv: Venv, package: Path) -> None:
@@ -220,6 +221,7 @@ def test_a_read_only_install_loads_and_is_not_written_to(deploy_venv: Venv, pack
             path.chmod(path.stat().st_mode | stat.S_IWUSR)
     assert result.returncode == 0, result.stderr[-2000:]
     assert snapshot() == before
+    assert stamps(package), "the weights' stamp belongs in the private cache"
 
 
 def test_a_cache_directory_others_can_write_is_refused(deploy_venv: Venv, package: Path, tmp_path: Path) -> None:
@@ -233,14 +235,84 @@ def test_a_cache_directory_others_can_write_is_refused(deploy_venv: Venv, packag
 def test_without_a_writable_home_loading_uses_a_private_temporary_cache(deploy_venv: Venv, package: Path) -> None:
     env = {**no_compiler_env(package.parent.parent.parent, PYTHONPATH=str(package.parent.parent), **ARTIFACT_FORM), "HOME": "/proc/no-home"}
     del env["HATCH_PRECOMPILE_CACHE_DIR"]
-    code = LOAD + "from example_pkg._precompiled import _artifact\nprint(oct(_artifact.private_cache_dir().stat().st_mode & 0o777))"
+    code = LOAD + "from example_pkg._precompiled import _cache\nprint(oct(_cache.private_cache_dir().stat().st_mode & 0o777))"
     result = deploy_venv.script(code, env=env, check=False)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().endswith("0o700")
 
 
-def test_processes_loading_at_once_with_a_shared_empty_cache_all_succeed(deploy_venv: Venv, package: Path, tmp_path: Path) -> None:
-    env = {**no_compiler_env(tmp_path, PYTHONPATH=str(package.parent.parent), **ARTIFACT_FORM), "HATCH_PRECOMPILE_CACHE_DIR": str(tmp_path / "shared")}
+# LOAD, printing how many times the weights were hashed.
+COUNTS_HASHES = """
+from example_pkg._precompiled import _integrity
+hashed = []
+original = _integrity.chunk_digests
+_integrity.chunk_digests = lambda *args: hashed.append(args) or original(*args)
+""" + LOAD + """
+print("HASHED", len(hashed))
+"""
+
+
+def stamps(package: Path) -> list[Path]:
+    """The weights' verification stamps in the private cache `run_copy` gives."""
+    return sorted((package.parent.parent.parent / "cache" / "verified").glob("*"))
+
+
+def test_weights_are_hashed_on_the_first_load_only(deploy_venv: Venv, package: Path) -> None:
+    first, second = (run_copy(deploy_venv, package, COUNTS_HASHES) for _ in range(2))
+    assert first.returncode == 0 and second.returncode == 0, (first.stderr[-2000:], second.stderr[-2000:])
+    assert "HASHED 1" in first.stdout and "HASHED 0" in second.stdout
+    assert len(stamps(package)) == 1 and stamps(package)[0].stat().st_size == 0
+
+
+def _flip_in_place_keeping_the_times(path: Path) -> None:
+    times = path.stat()
+    with path.open("r+b") as stream:
+        stream.seek(times.st_size // 2)
+        byte = stream.read(1)
+        stream.seek(times.st_size // 2)
+        stream.write(bytes([byte[0] ^ 0xFF]))
+    os.utime(path, ns=(times.st_atime_ns, times.st_mtime_ns))  # the change time moves all the same
+
+
+def _replace_with_same_size(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    swapped = path.with_name("swapped")
+    swapped.write_bytes(bytes(data))
+    os.replace(swapped, path)  # another file (inode) of the same size
+
+
+def _truncate(path: Path) -> None:
+    with path.open("r+b") as stream:
+        stream.truncate(path.stat().st_size // 3)
+
+
+@pytest.mark.parametrize("change", [_flip_in_place_keeping_the_times, _replace_with_same_size, _truncate])
+def test_weights_changed_after_a_stamp_was_left_are_refused(deploy_venv: Venv, package: Path, change) -> None:
+    assert run_copy(deploy_venv, package).returncode == 0 and stamps(package)
+    path = package / encoder_files(package)["weights"]
+    change(path)
+    result = run_copy(deploy_venv, package)
+    assert_refused(result, "PrecompiledIntegrityError", str(path), "does not match the manifest")
+
+
+def test_with_a_cache_that_cannot_be_written_weights_are_hashed_every_time(deploy_venv: Venv, package: Path) -> None:
+    unwritable = {"HATCH_PRECOMPILE_CACHE_DIR": "/proc/hatch-precompile-cache"}  # mkdir fails, even for root
+    for _ in range(2):
+        result = run_copy(deploy_venv, package, COUNTS_HASHES, **unwritable)
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert "<compiled model 'encoder' from encoder/cpu_avx2.py>" in result.stdout and "HASHED 1" in result.stdout
+    path = package / encoder_files(package)["weights"]
+    _flip_in_place_keeping_the_times(path)
+    assert_refused(run_copy(deploy_venv, package, **unwritable), "PrecompiledIntegrityError", str(path))
+
+
+@pytest.mark.parametrize("form", ["lean", "artifact"])
+def test_processes_loading_at_once_with_a_shared_empty_cache_all_succeed(deploy_venv: Venv, package: Path, tmp_path: Path, form: str) -> None:
+    """Inductor's cache (artifact form) and the weights' stamp (both forms) are
+    written by all four at once; each loads, and the cache holds whole files only."""
+    shared = tmp_path / "shared"
+    env = {**no_compiler_env(tmp_path, PYTHONPATH=str(package.parent.parent), HATCH_PRECOMPILE_FORM=form), "HATCH_PRECOMPILE_CACHE_DIR": str(shared)}
     processes = [
         subprocess.Popen([deploy_venv.python, "-c", LOAD], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for _ in range(4)
@@ -248,6 +320,8 @@ def test_processes_loading_at_once_with_a_shared_empty_cache_all_succeed(deploy_
     outputs = [p.communicate(timeout=300) for p in processes]
     assert [p.returncode for p in processes] == [0, 0, 0, 0], [err[-1000:] for _, err in outputs]
     assert all("torch.Size([2, 64])" in out for out, _ in outputs)
+    (stamp,) = (shared / "verified").iterdir()
+    assert stamp.stat().st_size == 0
 
 
 def test_kernels_needing_a_newer_glibc_fall_back_before_any_native_code_loads(deploy_venv: Venv, package: Path) -> None:

@@ -20,8 +20,11 @@ kernels both use (`kernels/*.so`) and the weights.
 
 The modules here, one job each:
   _manifest.py       read and verify the manifest; choose what fits this process
+  _integrity.py      check shipped files against the manifest (weights once per file state)
+  _cache.py          the private cache folder where loading may write
   _contract.py       check a call's arguments; rebuild the output structure
   _weights.py        bind the shipped, factory or caller's weights
+  _ops.py            import the libraries that define the model's custom ops
   _lean.py           the lean form: run the output module and kernels directly
   _artifact.py       the artifact form: unpickle through torch._inductor
   _torch_private.py  every use of torch internals
@@ -43,7 +46,8 @@ Environment variables (read when a model is loaded):
   HATCH_PRECOMPILE_FORM        "auto" (default: lean where built, else artifact),
                                "lean" (only the lean form, else the fallback applies)
                                or "artifact" (always the AOTCompiledArtifact)
-  HATCH_PRECOMPILE_CACHE_DIR   the artifact form's private cache (default
+  HATCH_PRECOMPILE_CACHE_DIR   the private cache: the artifact form's inductor cache and
+                               stamps of weights files already verified (default
                                ~/.cache/hatch-precompile; read once per process)
 """
 

@@ -8,20 +8,15 @@ a private cache directory, which inductor then imports.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import functools
 import os
-import shutil
-import tempfile
-from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from . import _torch_private
-from ._errors import PrecompiledIntegrityError, PrecompiledModelError
-from ._manifest import HERE, verified_bytes, verified_kernels
-
-CACHE_DIR_VARIABLE = "HATCH_PRECOMPILE_CACHE_DIR"  # where loading may write (default ~/.cache/hatch-precompile)
+from ._cache import private_cache_dir
+from ._errors import PrecompiledIntegrityError
+from ._integrity import verified_bytes, verified_kernels
+from ._manifest import HERE
 
 
 def load(name: str, model: dict[str, Any], artifact: dict[str, Any]) -> Callable[[list[Any]], Any]:
@@ -60,30 +55,3 @@ def _private_inductor_cache() -> Iterator[None]:
             os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
         else:
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
-
-
-@functools.cache
-def private_cache_dir() -> Path:
-    """$HATCH_PRECOMPILE_CACHE_DIR, else ~/.cache/hatch-precompile (XDG_CACHE_HOME
-    honoured), created 0700; if that cannot be created (a read-only home), a
-    private temporary directory for this process, removed at exit. A directory
-    that others can write to, or that another user owns, is refused."""
-    configured = os.environ.get(CACHE_DIR_VARIABLE)
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    directory = Path(configured) if configured else base / "hatch-precompile"
-    try:
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    except OSError:
-        if configured:
-            raise
-        temporary = tempfile.mkdtemp(prefix="hatch-precompile-")
-        atexit.register(shutil.rmtree, temporary, ignore_errors=True)
-        return Path(temporary)
-    info = directory.stat()
-    if info.st_uid != os.getuid() or info.st_mode & 0o077:
-        raise PrecompiledModelError(
-            f"refusing cache directory {directory}: it must be owned by you and private (mode 0700), "
-            f"found owner uid {info.st_uid} and mode {oct(info.st_mode & 0o777)}; "
-            f"fix it or set {CACHE_DIR_VARIABLE} to another directory"
-        )
-    return directory

@@ -15,7 +15,8 @@ from typing import Any, Callable
 
 from . import _torch_private
 from ._errors import PrecompiledIntegrityError
-from ._manifest import HERE, verified_bytes, verified_kernels
+from ._integrity import verified_bytes, verified_kernels
+from ._manifest import HERE
 
 
 def load(name: str, model: dict[str, Any], artifact: dict[str, Any]) -> Callable[[list[Any]], Any]:

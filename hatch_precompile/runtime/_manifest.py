@@ -20,7 +20,7 @@ from ._errors import PrecompiledIntegrityError, PrecompiledModelError
 
 HERE = Path(__file__).resolve().parent
 MANIFEST = HERE / "manifest.json"
-MANIFEST_FORMAT = 2
+MANIFEST_FORMAT = 3  # 3: weights carry per-chunk sha256 digests
 _CONFIG_TABLE = ("tool", "hatch", "build", "hooks", "precompile")
 
 CPU_TARGET_VARIABLE = "HATCH_PRECOMPILE_CPU_TARGET"  # force one CPU target (if the CPU can run it)
@@ -111,53 +111,6 @@ def checked_manifest(data: bytes, expected_sha256: str, where: Path | str) -> di
     if manifest.get("format") != MANIFEST_FORMAT:
         raise PrecompiledModelError(f"{where} has format {manifest.get('format')!r}; this loader reads format {MANIFEST_FORMAT}")
     return manifest
-
-
-def verified_bytes(record: dict[str, Any]) -> bytes:
-    """A shipped file's bytes, checked against the manifest's size and sha256.
-    The same bytes are then used, so nothing can change in between."""
-    path = HERE / record["file"]
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise PrecompiledIntegrityError(f"{path} is missing: reinstall the package") from None
-    _check_digest(path, len(data), hashlib.sha256(data).hexdigest(), record)
-    return data
-
-
-def verified_path(record: dict[str, Any]) -> Path:
-    """A shipped file's path, after hashing it in chunks (for files read by path:
-    weights are memory-mapped, kernels are loaded by the dynamic loader)."""
-    path = HERE / record["file"]
-    digest = hashlib.sha256()
-    try:
-        with path.open("rb") as stream:
-            for block in iter(lambda: stream.read(1 << 20), b""):
-                digest.update(block)
-    except FileNotFoundError:
-        raise PrecompiledIntegrityError(f"{path} is missing: reinstall the package") from None
-    _check_digest(path, path.stat().st_size, digest.hexdigest(), record)
-    return path
-
-
-def verified_kernels(model: dict[str, Any], artifact: dict[str, Any]) -> dict[str, Path]:
-    """The artifact's kernels by key, each file checked against the manifest."""
-    return {key: verified_path(model["kernels"][key]) for key in artifact["kernels"]}
-
-
-def _check_digest(path: Path, size: int, sha256: str, record: dict[str, Any]) -> None:
-    mismatch = digest_mismatch(size, sha256, record)
-    if mismatch:
-        raise PrecompiledIntegrityError(
-            f"{path} does not match the manifest ({mismatch}): it was modified or truncated; reinstall the package"
-        )
-
-
-def digest_mismatch(size: int, sha256: str, record: dict[str, Any]) -> str:
-    """How a file's size and sha256 differ from its manifest record; "" if they match."""
-    if size == record["size"] and sha256 == record["sha256"]:
-        return ""
-    return f"size {size}, expected {record['size']}; sha256 {'matches' if sha256 == record['sha256'] else 'differs'}"
 
 
 def _running_environment() -> dict[str, Any]:

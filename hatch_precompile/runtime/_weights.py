@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ._contract import import_object
-from ._manifest import verified_path
+from ._integrity import verified_weights
 
 
 def read_weights(weights: dict[str, Any]) -> dict[str, Any]:
@@ -14,7 +14,7 @@ def read_weights(weights: dict[str, Any]) -> dict[str, Any]:
     weights are stored once and bound under each name."""
     from safetensors.torch import load_file
 
-    tensors = load_file(verified_path(weights))
+    tensors = load_file(verified_weights(weights))
     for alias, name in weights["aliases"].items():
         tensors[alias] = tensors[name]
     return tensors
@@ -23,7 +23,9 @@ def read_weights(weights: dict[str, Any]) -> dict[str, Any]:
 def bind_weights(name: str, model: dict[str, Any], state_dict: dict[str, Any] | None, module: Any) -> list[Any]:
     """The tensors the compiled graph takes before the user inputs, in its order,
     from the caller's module or state_dict, the factory, or the shipped file;
-    constants no module attribute holds always come from the shipped file."""
+    constants no module attribute holds always come from the shipped file. Each
+    is checked against the name, shape and dtype that were compiled: compiled
+    code checks nothing."""
     spec = model["weights"]
     shipped = read_weights(spec) if "file" in spec else {}
     if module is not None:
@@ -33,7 +35,7 @@ def bind_weights(name: str, model: dict[str, Any], state_dict: dict[str, Any] | 
     elif spec["mode"] == "factory":
         lookup, source = _tensor_lookup(build_module(model)), f"the module from factory {model['factory']!r}"
     else:
-        return [shipped[n] for n in spec["order"]]
+        lookup, source = shipped.get, f"the shipped {spec['file']}"
     tensors, problems = [], []
     for weight in spec["order"]:
         want = spec["specs"][weight]
