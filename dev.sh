@@ -2,8 +2,8 @@
 # Developer entry point. On a fresh machine:
 #   ./dev.sh demo          build the example wheel with the hook, install it in a fresh
 #                          environment, and time the compiled encoder against eager
-#   ./dev.sh test          what CI runs: the test suite on the default torch, then the
-#                          release leg on every other supported torch release
+#   ./dev.sh test          what CI runs: the test suite on the default torch and, beside it,
+#                          the release leg on every other supported torch release
 #   ./dev.sh test ARGS     the test suite only, with pytest ARGS (e.g. -m "not e2e")
 #   ./dev.sh leg RELEASE   the release leg on torch==RELEASE: the tests marked
 #                          `release` (torch assumptions, example wheel end to end)
@@ -117,9 +117,16 @@ test_suite() {
   "$VENV/bin/python" -m pytest "$@"
 }
 
-leg() {  # leg <release>: the release-marked tests under torch==<release>
-  echo "== release leg: torch==$1"
-  TORCH_REQUIREMENT="torch==$1" "$0" test -m release
+leg() {  # leg <release> [pytest args]: the release-marked tests under torch==<release>, in
+  # its own environment (made with .venv's uv; .venv itself is left alone, since the
+  # default suite may be running in it)
+  local release=$1 venv
+  shift
+  venv=$(venv_for "torch==$release")
+  echo "== release leg: torch==$release"
+  export PIP_CONSTRAINT=/dev/null  # this project's machines cap torch below the newer releases
+  TORCH_REQUIREMENT="torch==$release" VENV="$venv" leg_environment
+  "$venv/bin/python" -m pytest -m release "$@"
 }
 
 case "${1:-}" in
@@ -130,20 +137,32 @@ case "${1:-}" in
       test_suite "$@"
     else
       setup
-      # The release legs' environments download and link gigabytes, not compute:
-      # make them while the default suite runs (logs in .venv-torch-X.Y.Z.log).
-      pids=()
+      # The release legs run beside the default suite, which leaves a core idle
+      # much of the time (installs, fresh interpreters, one-worker builds): one
+      # after the other, each in its own environment (made by uv, which links
+      # torch's gigabytes) and pytest folder; their output is in .leg-X.Y.Z.log.
+      (
+        status=0
+        for release in $OTHER_RELEASES; do
+          if ! leg "$release" --basetemp "$(mktemp -d)/pytest" >".leg-$release.log" 2>&1; then
+            status=1
+          fi
+        done
+        exit $status
+      ) &
+      legs=$!
+      suite=0
+      test_suite --durations=25 || suite=$?  # the slowest tests, to keep CI's time in view
+      legs_status=0
+      wait "$legs" || legs_status=$?
       for release in $OTHER_RELEASES; do
-        (TORCH_REQUIREMENT="torch==$release" VENV=$(venv_for "torch==$release") leg_environment) \
-          >"$(venv_for "torch==$release").log" 2>&1 &
-        pids+=($!)
+        echo "== release leg: torch==$release (from .leg-$release.log)"
+        tail -n 25 ".leg-$release.log"
       done
-      test_suite --durations=25  # the slowest tests, to keep CI's time in view
-      for pid in "${pids[@]}"; do wait "$pid" || true; done  # a leg whose environment failed says so itself
-      for release in $OTHER_RELEASES; do leg "$release"; done
+      [ "$suite" -eq 0 ] && [ "$legs_status" -eq 0 ]
     fi
     ;;
-  leg) leg "${2:?usage: ./dev.sh leg RELEASE, e.g. 2.15.0}" ;;
+  leg) default_environment && leg "${2:?usage: ./dev.sh leg RELEASE, e.g. 2.15.0}" ;;
   bench) shift; bench "$@" ;;
   bench-build) shift; bench_build "$@" ;;
   *) echo "usage: ./dev.sh demo | test [pytest args] | leg RELEASE | bench [benchmark args] | bench-build [benchmark args]" >&2; exit 2 ;;

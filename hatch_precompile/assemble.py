@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
+import mmap
 import shutil
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from packaging.version import Version
 from . import __version__
 from .native import stricter_platform
 from .runtime import MANIFEST_FORMAT
-from .runtime._integrity import CHUNK_SIZE, chunk_digests
+from .runtime._integrity import CHUNK_SIZE, chunk_crc32
 
 RUNTIME_DIR = Path(__file__).parent / "runtime"
 # The files of `runtime/` that go into every wheel, as `<package>/_precompiled/<name>`.
@@ -27,7 +28,6 @@ RUNTIME_FILES = tuple(sorted(path.name for path in RUNTIME_DIR.glob("*.py")))
 PRECOMPILED_DIR = "_precompiled"
 BUILD_MODULE = "_build.py"  # generated per build: the manifest's digest
 KERNELS_DIR = "kernels"  # per model: the compiled kernels, k_<key>.so
-SAFETENSORS_REQUIREMENT = "safetensors>=0.4"
 
 
 def kernel_file(key: str) -> str:
@@ -42,9 +42,9 @@ def torch_version() -> str:
 
 
 def runtime_requirements() -> list[str]:
-    """Requires-Dist lines: the exact torch release built with (no local label), and
-    safetensors, which the loader reads shipped weights and constants with."""
-    return [f"torch=={Version(torch_version()).public}", SAFETENSORS_REQUIREMENT]
+    """Requires-Dist lines: the exact torch release built with (no local label).
+    The loader needs nothing else: it reads the shipped safetensors file itself."""
+    return [f"torch=={Version(torch_version()).public}"]
 
 
 def wheel_tag(kernel_policies: list[str]) -> str:
@@ -70,6 +70,12 @@ def file_record(path: Path) -> dict[str, Any]:
         return {"size": path.stat().st_size, "sha256": hashlib.file_digest(stream, "sha256").hexdigest()}
 
 
+def _chunk_crc32(path: Path) -> list[int]:
+    """What the loader checks a weights file against (`runtime/_integrity.py`)."""
+    with path.open("rb") as stream, mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_READ) as mapping:
+        return chunk_crc32(mapping, CHUNK_SIZE)
+
+
 def assemble(staging: Path, package: str, fallback: dict[str, str], entries: dict[str, dict[str, Any]]) -> dict[str, str]:
     """Complete `staging` (one sub-folder of files per model, already written by the
     workers) with the loader and the manifest. Returns force_include's mapping of
@@ -84,7 +90,7 @@ def assemble(staging: Path, package: str, fallback: dict[str, str], entries: dic
         if "file" in entry["weights"]:
             entry["weights"] = {**entry["weights"], "file": f"{model}/{entry['weights']['file']}"}
             weights = staging / entry["weights"]["file"]
-            entry["weights"].update(file_record(weights), chunk_size=CHUNK_SIZE, chunk_sha256=chunk_digests(weights, CHUNK_SIZE))
+            entry["weights"].update(file_record(weights), chunk_size=CHUNK_SIZE, chunk_crc32=_chunk_crc32(weights))
         entry["artifacts"] = [_artifact_record(model, model_dir, a) for a in entry["artifacts"]]
         kernel_keys = sorted({key for a in entry["artifacts"] for key in a["kernels"]})
         entry["kernels"] = {

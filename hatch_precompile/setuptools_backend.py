@@ -16,8 +16,8 @@ Every hook is setuptools.build_meta's, with these additions:
   setuptools build its wheel into a private temporary folder, compiles the models
   (`precompile`, the same build the hatch hook runs), then rewrites setuptools'
   wheel: the package's `_precompiled/` becomes exactly the staged files, WHEEL
-  gets `Root-Is-Purelib: false` and the computed tag, METADATA the torch and
-  safetensors pins, RECORD is regenerated, and the file is renamed for the tag.
+  gets `Root-Is-Purelib: false` and the computed tag, METADATA the torch
+  pin, RECORD is regenerated, and the file is renamed for the tag.
 - `prepare_metadata_for_build_wheel` (and `..._editable`): the same pins in the
   METADATA it prepares, so that pip's prepared metadata matches the wheel.
 - `build_sdist`: the same pins in the sdist's PKG-INFO (and in the copy and
@@ -149,7 +149,7 @@ def prepare_metadata_for_build_editable(metadata_directory: str, config_settings
 
 
 def _project(root: Path) -> tuple[PrecompileConfig, list[str]]:
-    """The validated table, and the pins the wheel requires (torch==X, safetensors)."""
+    """The validated table, and the pins the wheel requires (torch==X)."""
     return parse_config(read_table(root)), runtime_requirements()
 
 

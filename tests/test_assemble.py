@@ -13,7 +13,7 @@ from hatch_precompile.assemble import BUILD_MODULE, RUNTIME_FILES, assemble, run
 
 
 def test_the_wheel_pins_the_build_torch_release_without_its_local_label() -> None:
-    assert runtime_requirements() == [f"torch=={torch.__version__.split('+')[0]}", "safetensors>=0.4"]
+    assert runtime_requirements() == [f"torch=={torch.__version__.split('+')[0]}"]
 
 
 def test_the_tag_is_this_interpreter_with_the_stricter_of_torchs_platform_and_the_kernels() -> None:

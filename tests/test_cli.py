@@ -218,7 +218,7 @@ def test_inspect_lists_models_targets_forms_tag_and_torch_pin(example_build: Exa
     assert code == 0
     lines = out.splitlines()
     assert lines[0] == example_build.wheel.name
-    assert f"requires:      torch=={release}, safetensors>=0.4" in out
+    assert f"requires:      torch=={release}\n" in out
     tag = example_build.wheel.name.removesuffix(".whl").split("-", 2)[2]
     assert f"platform:      {tag.split('-')[2]} (tag {tag})" in out
     assert f"compiled with: torch {torch.__version__} (git {torch.version.git_version[:12]})" in out

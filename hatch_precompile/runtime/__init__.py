@@ -5,7 +5,7 @@ hatch-precompile build. Every build, editable installs included, also writes it
 into the source tree (generated, like a version file: keep `_precompiled/` in
 .gitignore), so that `from ._precompiled import load_compiled` works in a source
 checkout and an editable install too. It needs torch and the standard library
-only (safetensors when a model ships its weights).
+only (it reads the shipped safetensors files itself).
 
     from example_pkg import load_compiled
     encoder = load_compiled("encoder")   # loads once per process, thread-safe

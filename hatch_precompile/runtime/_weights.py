@@ -3,20 +3,57 @@ factory, or the caller, checked against what was compiled."""
 
 from __future__ import annotations
 
+import json
+import math
+from pathlib import Path
 from typing import Any, Callable
 
 from ._contract import import_object
+from ._errors import PrecompiledIntegrityError
 from ._integrity import verified_weights
+from ._manifest import HERE
+
+# safetensors' dtype names -> torch's
+_DTYPES = {
+    "BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "I32": "int32", "I64": "int64",
+    "U16": "uint16", "U32": "uint32", "U64": "uint64", "F16": "float16", "BF16": "bfloat16",
+    "F32": "float32", "F64": "float64", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
+}  # fmt: skip
 
 
 def read_weights(weights: dict[str, Any]) -> dict[str, Any]:
-    """The shipped tensors by name, memory-mapped by safetensors (no pickle); tied
-    weights are stored once and bound under each name."""
-    from safetensors.torch import load_file
-
-    tensors = load_file(verified_weights(weights))
+    """The shipped tensors by name: views of the checked, memory-mapped file (no
+    copy, no pickle); tied weights are stored once and bound under each name."""
+    tensors = safetensors_views(verified_weights(weights), HERE / weights["file"])
     for alias, name in weights["aliases"].items():
         tensors[alias] = tensors[name]
+    return tensors
+
+
+def safetensors_views(mapping: Any, path: Path) -> dict[str, Any]:
+    """Tensors viewing a safetensors file's bytes in place. The layout
+    (huggingface.co/docs/safetensors): an 8-byte little-endian header length, a
+    JSON header {name: {"dtype", "shape", "data_offsets": [begin, end]}, with
+    an optional "__metadata__"}, then the data those offsets count from. Read
+    here rather than by the safetensors library, whose own mapping the integrity
+    check could not read through."""
+    import torch
+
+    try:
+        length = int.from_bytes(mapping[:8], "little")
+        header = json.loads(mapping[8 : 8 + length])
+        tensors = {}
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            dtype = getattr(torch, _DTYPES[info["dtype"]])
+            (begin, end), count = info["data_offsets"], math.prod(info["shape"])
+            if end - begin != count * dtype.itemsize or 8 + length + end > len(mapping):
+                raise ValueError(f"tensor {name!r}: its offsets do not fit its shape and dtype or the file")
+            flat = torch.frombuffer(mapping, dtype=dtype, count=count, offset=8 + length + begin) if count else torch.empty(0, dtype=dtype)
+            tensors[name] = flat.view(info["shape"])
+    except (ValueError, KeyError, TypeError) as error:  # json.JSONDecodeError is a ValueError
+        raise PrecompiledIntegrityError(f"{path} is not a safetensors file this loader can read: {error}") from None
     return tensors
 
 
