@@ -96,6 +96,9 @@ install_big_weights() {  # after install_example: adds big_weights (2.7 GB of ML
 
 bench() {
   install_example
+  # The eager cases load the shipped weights as users do, with safetensors (the
+  # compiled models' loader does not need it).
+  "$DEMO/venv/bin/python" -m pip install --disable-pip-version-check -q safetensors
   if [[ " $* " != *" --models "* || " $* " == *" bert"* ]]; then  # bert is measured by default
     install_transformers_example
   fi
