@@ -42,6 +42,13 @@ def pytest_configure(config: pytest.Config) -> None:
         config.add_cleanup(lambda: shutil.rmtree(os.environ.pop("HATCH_PRECOMPILE_BUILD_CACHE"), ignore_errors=True))
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The architecture battery last: it keeps both cores busy on its own, where
+    the rest of the suite leaves one idle much of the time, which is when
+    `./dev.sh test` runs the release legs beside it."""
+    items.sort(key=lambda item: item.path.name == "test_battery.py")
+
+
 def run(command: list[str], *, cwd: Path | None = None, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
     if check and result.returncode != 0:

@@ -94,7 +94,7 @@ def test_best_variant_loads_without_a_compiler_and_matches_eager(reduce_venv: Ve
     best = "avx512" if HOST_HAS_AVX512 else "avx2"
     assert json.loads(result.stdout)["loaded"] == f"<compiled model 'reductions' from reductions/cpu_{best}.py>"
     assert not (tmp_path / "compiler-used").exists()
-    assert not (tmp_path / "cache").exists() and not (tmp_path / "inductor").exists()  # the lean form writes nothing
+    assert not (tmp_path / "inductor").exists()  # the lean form writes nothing to inductor's cache
 
 
 def test_aten_cpu_capability_downgrade_is_honoured(reduce_venv: Venv, tmp_path: Path) -> None:

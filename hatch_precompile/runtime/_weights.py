@@ -72,7 +72,7 @@ def bind_weights(name: str, model: dict[str, Any], state_dict: dict[str, Any] | 
     elif spec["mode"] == "factory":
         lookup, source = _tensor_lookup(build_module(model)), f"the module from factory {model['factory']!r}"
     else:
-        lookup, source = shipped.get, f"the shipped {spec['file']}"
+        lookup, source = shipped.get, f"the shipped {spec.get('file', 'weights')}"  # a model without weights has no file
     tensors, problems = [], []
     for weight in spec["order"]:
         want = spec["specs"][weight]
