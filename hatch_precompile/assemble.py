@@ -20,7 +20,7 @@ from packaging.version import Version
 from . import __version__
 from .native import stricter_platform
 from .runtime import MANIFEST_FORMAT
-from .runtime._integrity import CHUNK_SIZE, chunk_crc32
+from .runtime._integrity import CHUNK_SIZE, ROW_SIZE, chunk_checksums
 
 RUNTIME_DIR = Path(__file__).parent / "runtime"
 # The files of `runtime/` that go into every wheel, as `<package>/_precompiled/<name>`.
@@ -70,10 +70,22 @@ def file_record(path: Path) -> dict[str, Any]:
         return {"size": path.stat().st_size, "sha256": hashlib.file_digest(stream, "sha256").hexdigest()}
 
 
-def _chunk_crc32(path: Path) -> list[int]:
-    """What the loader checks a weights file against (`runtime/_integrity.py`)."""
+def weights_checksums(data: Any, chunk_size: int = CHUNK_SIZE) -> list[int]:
+    """What the loader checks a weights file's chunks against (`runtime/_integrity.py`),
+    computed with numpy, which gives the same integer sums as the loader's torch."""
+    return chunk_checksums(data, chunk_size, _numpy_row_sums)
+
+
+def _numpy_row_sums(data: Any, rows: int) -> bytes:
+    import numpy
+
+    words = numpy.frombuffer(data, dtype="<i8", count=rows * ROW_SIZE // 8)
+    return words.reshape(rows, ROW_SIZE // 8).sum(1, dtype="<i8").tobytes()  # wraps modulo 2**64, as torch's
+
+
+def _weights_checksums(path: Path) -> list[int]:
     with path.open("rb") as stream, mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_READ) as mapping:
-        return chunk_crc32(mapping, CHUNK_SIZE)
+        return weights_checksums(mapping)
 
 
 def assemble(staging: Path, package: str, fallback: dict[str, str], entries: dict[str, dict[str, Any]]) -> dict[str, str]:
@@ -90,7 +102,7 @@ def assemble(staging: Path, package: str, fallback: dict[str, str], entries: dic
         if "file" in entry["weights"]:
             entry["weights"] = {**entry["weights"], "file": f"{model}/{entry['weights']['file']}"}
             weights = staging / entry["weights"]["file"]
-            entry["weights"].update(file_record(weights), chunk_size=CHUNK_SIZE, chunk_crc32=_chunk_crc32(weights))
+            entry["weights"].update(file_record(weights), chunk_size=CHUNK_SIZE, chunk_checksums=_weights_checksums(weights))
         entry["artifacts"] = [_artifact_record(model, model_dir, a) for a in entry["artifacts"]]
         kernel_keys = sorted({key for a in entry["artifacts"] for key in a["kernels"]})
         entry["kernels"] = {

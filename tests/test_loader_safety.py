@@ -241,12 +241,12 @@ def test_without_a_writable_home_loading_uses_a_private_temporary_cache(deploy_v
     assert result.stdout.strip().endswith("0o700")
 
 
-# LOAD, printing how many times the weights were checked (their chunks summed).
+# LOAD, printing how many times the weights were checked.
 COUNTS_HASHES = """
 from example_pkg._precompiled import _integrity
 hashed = []
-original = _integrity.chunk_crc32
-_integrity.chunk_crc32 = lambda *args: hashed.append(args) or original(*args)
+original = _integrity.chunk_checksums
+_integrity.chunk_checksums = lambda *args: hashed.append(args) or original(*args)
 """ + LOAD + """
 print("HASHED", len(hashed))
 """

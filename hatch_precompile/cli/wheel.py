@@ -315,7 +315,8 @@ def _verify_manifest(wheel: Wheel) -> tuple[dict[str, Any] | None, list[dict[str
 def _listed_file_problem(wheel: Wheel, record: dict[str, Any]) -> str:
     """How a file the manifest lists differs from its record (size, sha256, and for
     an artifact its header's torch key), as the loader checks it; "" if it matches."""
-    from ..runtime._integrity import chunk_crc32, digest_mismatch
+    from ..assemble import weights_checksums
+    from ..runtime._integrity import digest_mismatch
     from ..runtime._torch_private import ArtifactFormatError, split_artifact
 
     try:
@@ -323,8 +324,8 @@ def _listed_file_problem(wheel: Wheel, record: dict[str, Any]) -> str:
     except CommandError as error:
         return f"cannot be read from the archive: {error.__cause__}"
     problem = digest_mismatch(len(data), hashlib.sha256(data).hexdigest(), record)
-    if not problem and "chunk_crc32" in record and chunk_crc32(data, record["chunk_size"]) != record["chunk_crc32"]:
-        problem = "a chunk's CRC-32, which the loader checks, differs from the manifest's"  # a build defect
+    if not problem and "chunk_checksums" in record and weights_checksums(data, record["chunk_size"]) != record["chunk_checksums"]:
+        problem = "a chunk's checksum, which the loader checks, differs from the manifest's"  # a build defect
     if not problem and "torch_key" in record.get("built_with", {}):  # an artifact
         try:
             key, _ = split_artifact(data)

@@ -20,7 +20,7 @@ from ._errors import PrecompiledIntegrityError, PrecompiledModelError
 
 HERE = Path(__file__).resolve().parent
 MANIFEST = HERE / "manifest.json"
-MANIFEST_FORMAT = 3  # 3: weights carry per-chunk CRC-32s (chunk_size, chunk_crc32)
+MANIFEST_FORMAT = 4  # 4: weights carry per-chunk checksums of row sums (chunk_size, chunk_checksums)
 _CONFIG_TABLE = ("tool", "hatch", "build", "hooks", "precompile")
 
 CPU_TARGET_VARIABLE = "HATCH_PRECOMPILE_CPU_TARGET"  # force one CPU target (if the CPU can run it)
