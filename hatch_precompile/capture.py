@@ -7,6 +7,8 @@ declared dims, so the loader can check calls without torch's help.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import functools
 import importlib
 import inspect
@@ -30,6 +32,7 @@ class Captured:
     kwargs: dict[str, Any]
     input_tree: dict[str, Any]
     input_leaves: list[dict[str, Any]]  # name, dtype, device, shape (ints and dim names)
+    reference: torch.nn.Module | None = None  # the float32 module a lower-precision one was converted from
 
     @functools.cached_property
     def eager_outputs(self) -> list[Any]:
@@ -37,6 +40,19 @@ class Captured:
         against every CPU target's artifact."""
         with torch.no_grad():
             return tree_leaves(self.module(*self.args, **self.kwargs))
+
+    @functools.cached_property
+    def reference_outputs(self) -> list[Any] | None:
+        """The float32 module's flat outputs on the same inputs (floating ones as
+        float32), what `accuracy.py` holds a lower-precision model to; None for a
+        float32 model."""
+        if self.reference is None:
+            return None
+        from .accuracy import reference_inputs
+
+        args, kwargs = reference_inputs(self.args, self.kwargs)
+        with torch.no_grad():
+            return tree_leaves(self.reference(*args, **kwargs))
 
 
 def import_object(model: str, key: str, spec: str) -> Any:
@@ -58,8 +74,10 @@ def import_object(model: str, key: str, spec: str) -> Any:
     return target
 
 
-def build_module(model: dict[str, Any]) -> torch.nn.Module:
-    """The factory's module, in eval mode, converted to the model's `dtype` if set."""
+def build_module(model: dict[str, Any]) -> tuple[torch.nn.Module, torch.nn.Module | None]:
+    """The factory's module, in eval mode, converted to the model's `dtype` if set;
+    and, for a bfloat16 or float16 model, the float32 module it was converted
+    from (a copy: converting works in place), to check its accuracy against."""
     factory = import_object(model["name"], "factory", model["factory"])
     try:
         module = factory()
@@ -71,9 +89,13 @@ def build_module(model: dict[str, Any]) -> torch.nn.Module:
             f"calling factory {model['factory']!r}",
             f"expected it to return a torch.nn.Module, got {type(module).__module__}.{type(module).__qualname__}",
         )
+    module.eval()
+    reference = None
+    if model["dtype"] in ("bfloat16", "float16"):
+        reference = copy.deepcopy(module)
     if model["dtype"]:
         module = module.to(_DTYPES[model["dtype"]])
-    return module.eval()
+    return module, reference
 
 
 def shape_variants(model: dict[str, Any]) -> list[dict[str, int]]:
@@ -86,12 +108,12 @@ def shape_variants(model: dict[str, Any]) -> list[dict[str, int]]:
     return sorted(variants, key=len)
 
 
-def capture(model: dict[str, Any], module: torch.nn.Module, fixed: dict[str, int]) -> Captured:
+def capture(model: dict[str, Any], module: torch.nn.Module, fixed: dict[str, int], reference: torch.nn.Module | None = None) -> Captured:
     """Export the model so that exactly the declared dims not in `fixed` are dynamic;
     those in `fixed` are static at the given size. A model torch cannot capture
     stops the build with the reason in the configuration's terms."""
     try:
-        return _export(model, module, fixed)
+        return dataclasses.replace(_export(model, module, fixed), reference=reference)
     except _ExportFailed as failed:
         message = _capture_failure(model, module, fixed, failed)
         raise ModelBuildError(model["name"], "capturing with torch.export", message) from None

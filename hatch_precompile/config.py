@@ -75,6 +75,16 @@ class TensorInput:
 
 
 @dataclass(frozen=True)
+class AccuracyBounds:
+    """`accuracy = { max-relative-error = 0.04, min-cosine = 0.999 }`: the worst each
+    floating output may be against the float32 model (see accuracy.py); a bound
+    left out takes the dtype's default."""
+
+    max_relative_error: float | None = None
+    min_cosine: float | None = None
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     name: str
     factory: str
@@ -88,6 +98,7 @@ class ModelConfig:
     dims: dict[str, Dim] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
     outputs: str = "classes"
+    accuracy: AccuracyBounds = AccuracyBounds()
 
     def to_json(self) -> dict[str, Any]:
         """The plain-data form handed to the compile worker."""
@@ -112,6 +123,7 @@ class ModelConfig:
             "options": self.options,
             "cpu_targets": list(self.cpu_targets),
             "outputs": self.outputs,
+            "accuracy": {k: v for k, v in vars(self.accuracy).items() if v is not None},
         }
 
 
@@ -236,6 +248,7 @@ _MODEL_KEYS = (
     "fallback",
     "cpu-targets",
     "outputs",
+    "accuracy",
 )
 
 
@@ -285,6 +298,7 @@ def _parse_model(
     outputs = check.choice(raw.get("outputs", "classes"), f"{path}.outputs", OUTPUT_FORMS)
     if "cpu-targets" in raw:
         cpu_targets = _parse_cpu_targets(check, raw["cpu-targets"], f"{path}.cpu-targets")
+    accuracy = _parse_accuracy(check, raw.get("accuracy", {}), f"{path}.accuracy")
 
     if len(check.problems) > before or factory is None or weights is None or options is None:
         return None
@@ -301,6 +315,7 @@ def _parse_model(
         dims=dims,
         options=flatten_options(options),
         outputs=outputs or "classes",
+        accuracy=accuracy,
     )
 
 
@@ -319,6 +334,24 @@ def _parse_cpu_targets(check: _Checker, raw: Any, path: str) -> tuple[str, ...]:
     if len(set(targets)) != len(targets):
         check.fail(path, f"lists a target twice: {targets}")
     return tuple(targets) or DEFAULT_CPU_TARGETS
+
+
+def _parse_accuracy(check: _Checker, raw: Any, path: str) -> AccuracyBounds:
+    table = check.table(raw, path) or {}
+    check.keys(table, path, ("max-relative-error", "min-cosine"))
+    bounds: dict[str, float] = {}
+    for key, low, high, meaning in (
+        ("max-relative-error", 0.0, None, "a number > 0: the norm of the difference over the float32 output's norm"),
+        ("min-cosine", 0.0, 1.0, "a number in (0, 1]: the cosine similarity with the float32 output"),
+    ):
+        if key not in table:
+            continue
+        value = table[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > low or (high is not None and value > high):
+            check.fail(f"{path}.{key}", f"expected {meaning}, found {_describe(value)}")
+            continue
+        bounds[key.replace("-", "_")] = float(value)
+    return AccuracyBounds(**bounds)
 
 
 def _parse_input(check: _Checker, raw: Any, path: str) -> TensorInput | None:

@@ -60,19 +60,20 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
 def _produce(model: dict[str, Any], out_dir: Path, sources: ArtifactSources) -> dict[str, Any]:
     """Build the module, capture and compile (or fetch) each variant, check the lean forms."""
     from . import torch_internals
+    from .accuracy import summary as accuracy_summary
     from .capture import build_module, capture, shape_variants
     from .compile import CHECK_DIR, cpu_targets, model_entry, produce_artifact
     from .errors import ModelBuildError
     from .weights import lifted_weights, save_weights
 
     with _step("built the module"):
-        module = build_module(model)
+        module, reference = build_module(model)
     produced: list[ProducedArtifact] = []
     first = weights = None
     for fixed in shape_variants(model):
         shape = ", ".join(f"{dim}={size}" for dim, size in fixed.items()) or "dynamic dims"
         with _step(f"captured with torch.export ({shape})"):
-            captured = capture(model, module, fixed)
+            captured = capture(model, module, fixed, reference)
         if first is None:
             first, weights = captured, save_weights(model, captured, out_dir)
         elif list(lifted_weights(captured)) != weights["order"]:
@@ -81,7 +82,7 @@ def _produce(model: dict[str, Any], out_dir: Path, sources: ArtifactSources) -> 
             started = time.perf_counter()
             artifact = produce_artifact(model, captured, fixed, target, out_dir, sources)
             produced.append(artifact)
-            checked = "checked against eager" if artifact.checked_here else f"not run here: this CPU lacks {target.name} (checked where the part was built)"
+            checked = accuracy_summary(artifact.entry["accuracy"]) if artifact.checked_here else f"not run here: this CPU lacks {target.name} (checked where the part was built)"
             source = "compiled" if artifact.origin == "compiled" else f"{artifact.origin}: {artifact.entry['file']}"
             _report(f"{target.name} ({shape}): {source}, {checked}", time.perf_counter() - started)
     assert first is not None and weights is not None

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from hatch_precompile.config import ConfigError, Dim, TensorInput, parse_config
+from hatch_precompile.config import AccuracyBounds, ConfigError, Dim, TensorInput, parse_config
 
 T = "tool.hatch.build.hooks.precompile"
 
@@ -150,6 +150,11 @@ def test_example_inputs_callable_with_dim_axes() -> None:
         ({"models": {"m": model(**{"cpu-targets": ["avx512f"]})}}, f"{T}.models.m.cpu-targets[0]: expected one of 'avx2', 'avx512', found a string 'avx512f' (did you mean 'avx512'?)"),
         ({"models": {"m": model()}, "cpu-targets": "avx2"}, f"{T}.cpu-targets: expected an array, found a string 'avx2'"),
         ({"models": {"m": model(options=[])}}, f"{T}.models.m.options: expected a table, found an array []"),
+        ({"models": {"m": model(accuracy={"min-cosine": 1.5})}}, f"{T}.models.m.accuracy.min-cosine: expected a number in (0, 1]: the cosine similarity with the float32 output, found a float 1.5"),
+        ({"models": {"m": model(accuracy={"max-relative-error": 0})}}, f"{T}.models.m.accuracy.max-relative-error: expected a number > 0"),
+        ({"models": {"m": model(accuracy={"max-relative-error": "1%"})}}, "found a string '1%'"),
+        ({"models": {"m": model(accuracy={"min-cosin": 0.99})}}, f"{T}.models.m.accuracy.min-cosin: unknown key; did you mean `min-cosine`?"),
+        ({"models": {"m": model(accuracy=0.99)}}, f"{T}.models.m.accuracy: expected a table, found a float 0.99"),
         ({"models": {"m": {**model(), "example-inputs": "pkg:f"}}}, f"{T}.models.m.inputs: cannot be combined with `example-inputs`"),
         ({"models": {"m": {**model(inputs=None, dims={"b": {"max": 4}}), "example-inputs": "pkg:f"}}}, f"{T}.models.m.dims.b.axes: missing"),
         ({"models": {"m": {**model(inputs=None, dims={"b": {"max": 4, "axes": ["x"]}}), "example-inputs": "pkg:f"}}}, f"{T}.models.m.dims.b.axes[0]: expected 'input:axis'"),
@@ -158,6 +163,12 @@ def test_example_inputs_callable_with_dim_axes() -> None:
 def test_each_mistake_names_its_key_path_and_what_was_expected(raw: dict[str, Any], expected: str) -> None:
     found = problems(raw)
     assert any(expected in p for p in found), found
+
+
+def test_accuracy_bounds_are_typed_and_reach_the_worker() -> None:
+    config = parse_config({"models": {"m": model(dtype="bfloat16", accuracy={"min-cosine": 0.99})}})
+    assert config.models["m"].accuracy == AccuracyBounds(min_cosine=0.99)
+    assert config.models["m"].to_json()["accuracy"] == {"min_cosine": 0.99}  # the other bound: the dtype's default
 
 
 def test_every_problem_is_reported_in_one_error() -> None:

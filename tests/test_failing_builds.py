@@ -38,6 +38,11 @@ def doubler():
     return Doubler()
 
 
+def mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 8))
+
+
 def data_dependent():
     return DataDependent()
 
@@ -145,6 +150,16 @@ def test_a_model_that_fails_to_compile_names_itself_and_torchs_error(tmp_path: P
     assert status != 0
     assert "model 'm' failed while compiling for CPU target 'avx2': " in output
     assert "InvalidCxxCompiler: No working C++ compiler found" in output  # torch's words
+    assert_left_nothing(scratch)
+
+
+def test_a_model_that_misses_its_accuracy_bound_says_by_how_much(tmp_path: Path) -> None:
+    toml = MODEL.format(factory="mypkg.models:mlp").replace('shape = ["batch", 8]', 'shape = ["batch", 8], dtype = "bfloat16"')
+    toml += 'dtype = "bfloat16"\naccuracy = { max-relative-error = 1e-6 }\n'
+    status, output, scratch = build(make_project(tmp_path, toml))
+    assert status != 0
+    assert "model 'm' failed while checking accuracy: output 0 against float32 eager on the example inputs: relative error " in output
+    assert "> max-relative-error 1e-06. If this precision is acceptable for the model, loosen `accuracy` in its table" in output
     assert_left_nothing(scratch)
 
 
