@@ -48,6 +48,11 @@ def leaves(value):
         return [leaf for item in value for leaf in leaves(item)]
     return []
 
+def figures(got, want):
+    """Relative error and cosine similarity against the float32 output."""
+    g, w = got.double().flatten(), want.double().flatten()
+    return ((g - w).norm() / w.norm()).item(), torch.nn.functional.cosine_similarity(g, w, dim=0).item()
+
 def make(spec, size, generator):
     shape = [size[s] if isinstance(s, str) else s for s in spec["shape"]]
     dtype = getattr(torch, spec.get("dtype", "float32"))
@@ -69,20 +74,29 @@ for case in json.loads(sys.argv[1]):
     try:
         compiled = load_compiled(name)
         eager = getattr(models, factory)()
-        worst = 0.0
+        low_precision = getattr(torch, case["dtype"]) if case["dtype"] else None
+        worst, worst_error, worst_cosine = 0.0, 0.0, 1.0
         for index, size in enumerate(case["sizes"]):
             generator = torch.Generator().manual_seed(index)
             args = [make(spec, size, generator) for spec in case["inputs"]]
             kwargs = {key: make(spec, size, generator) for key, spec in case["kwargs"].items()}
-            got = leaves(compiled(*args, **kwargs))
+            lower = lambda t: t.to(low_precision) if low_precision and t.is_floating_point() else t
+            got = leaves(compiled(*map(lower, args), **{k: lower(v) for k, v in kwargs.items()}))
             with torch.no_grad():
-                want = leaves(eager(*args, **kwargs))
+                want = leaves(eager(*args, **kwargs))  # float32, also for a bfloat16 model
             assert len(got) == len(want), f"{len(got)} outputs, eager has {len(want)}"
             for g, w in zip(got, want):
+                if low_precision and g.is_floating_point():  # the build's default bounds (accuracy.py)
+                    error, cosine = figures(g, w)
+                    assert error <= 0.04 and cosine >= 0.999, f"relative error {error:.3g}, cosine {cosine:.6g}"
+                    worst_error, worst_cosine = max(worst_error, error), min(worst_cosine, cosine)
+                    continue
                 torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5, equal_nan=True)
                 if g.numel():
                     worst = max(worst, (g.double() - w.double()).abs().nan_to_num().max().item())
         report[name] = {"loaded": repr(compiled), "max_difference": worst}
+        if low_precision:
+            report[name].update(relative_error=worst_error, cosine=worst_cosine)
     except Exception as error:
         report[name] = {"error": f"{type(error).__name__}: {error}"[:2000]}
 report["compiler modules imported"] = sorted(m for m in ("torch._inductor", "torch._dynamo") if m in sys.modules)
@@ -112,7 +126,8 @@ def battery(tmp_path_factory: pytest.TempPathFactory, torch_venv: Venv) -> Batte
 
 def compare(battery: Battery, tmp_path: Path, architectures: list[Architecture], **env: str) -> dict:
     cases = [
-        {"name": a.name, "factory": a.factory, "inputs": a.inputs, "kwargs": a.kwargs, "sizes": sizes(a)} for a in architectures
+        {"name": a.name, "factory": a.factory, "inputs": a.inputs, "kwargs": a.kwargs, "sizes": sizes(a), "dtype": a.dtype}
+        for a in architectures
     ]
     result = run([battery.env.python, "-c", COMPARE, json.dumps(cases)], env=no_compiler_env(tmp_path, **env), check=False)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -134,7 +149,7 @@ def test_every_architecture_and_option_matches_eager_in_the_form_it_loads_in(bat
     assert forms == {a.name: a.form for a in BUILT}
     assert imported == ([] if all(a.form == "lean" for a in BUILT) else ["torch._dynamo", "torch._inductor"])
     results = {
-        a.name: {"status": "builds", "form": forms[a.name], "build_seconds": battery.build_seconds.get(a.name), "max_difference": report[a.name]["max_difference"]}
+        a.name: {"status": "builds", "form": forms[a.name], "build_seconds": battery.build_seconds.get(a.name), **report[a.name]}
         for a in BUILT
     }
     results.update({a.name: {"status": "refused", "reason": a.refused} for a in [*ARCHITECTURES, *OPTIONS] if a.refused})

@@ -29,6 +29,7 @@ class Architecture:
     form: str = "lean"  # the form load_compiled picks: "lean", or "artifact" where the build refuses lean
     options: dict[str, bool] = field(default_factory=dict)
     factory_name: str = ""  # the factory in models.py, when not the model's name
+    dtype: str | None = None  # compiled in this precision; compared with the float32 module
 
     @property
     def factory(self) -> str:
@@ -59,6 +60,15 @@ ARCHITECTURES = [
         "switch_transformers", "transformers: decoders", "SwitchTransformersEncoderModel (sparse experts), token ids only",
         [TOKENS], TEXT_DIMS,
         refused="torch.export cannot capture the model even with every declared dim static, so no `dims` setting helps",
+    ),
+    # transformers in bfloat16, held to the float32 model (relative error, cosine)
+    Architecture(
+        "minilm_bf16", "transformers: bfloat16", "BertModel the size of all-MiniLM-L6-v2 (6 layers, 384 wide), in bfloat16",
+        [TOKENS], TEXT_DIMS, {"attention_mask": MASK}, factory_name="minilm", dtype="bfloat16",
+    ),
+    Architecture(
+        "llama_bf16", "transformers: bfloat16", "LlamaModel (rotary, grouped-query attention), in bfloat16",
+        [TOKENS], TEXT_DIMS, {"attention_mask": MASK}, factory_name="llama", dtype="bfloat16",
     ),
     # transformers vision
     Architecture("vit", "transformers: vision", "ViTModel", [image(3, 32, 32)], {"batch": (1, 4)}),
@@ -161,6 +171,8 @@ def table(architectures: list[Architecture], package: str) -> str:
         lines.append(f"inputs = [{', '.join(_inline(i) for i in a.inputs)}]")
         if a.kwargs:
             lines.append("kwargs = { " + ", ".join(f"{k} = {_inline(v)}" for k, v in a.kwargs.items()) + " }")
+        if a.dtype:
+            lines.append(f'dtype = "{a.dtype}"')
         if a.options:
             lines.append("options = { " + ", ".join(f"{k} = {str(v).lower()}" for k, v in a.options.items()) + " }")
         lines.append("dims = { " + ", ".join(f"{d} = {{ min = {lo}, max = {hi} }}" for d, (lo, hi) in a.dims.items()) + " }")

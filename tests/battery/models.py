@@ -64,6 +64,14 @@ def t5_encoder():
     return T5EncoderModel(config)
 
 
+@_seeded
+def minilm():
+    """The shape of sentence-transformers' all-MiniLM-L6-v2 (random weights)."""
+    from transformers import BertConfig, BertModel
+
+    return BertModel(BertConfig(vocab_size=100, hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536, max_position_embeddings=64))
+
+
 # -- transformers: decoders (rotary embeddings, grouped-query attention) ------------
 
 DECODER = dict(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, use_cache=False)

@@ -18,13 +18,17 @@ workers, for the `avx2` CPU target. The wheel is installed in a fresh environmen
 and every model is loaded in a fresh process with no C++ compiler, then compared
 with the eager module at each dim's min, max and a size between (rtol 1e-4,
 atol 1e-5), in the form `load_compiled` picks and again in the artifact form.
+Models compiled in bfloat16 are compared with the float32 module instead, by
+relative error and cosine similarity per output, within the build's default
+bounds (relative error at most 0.04, cosine at least 0.999).
 
 - **form**: what `load_compiled` runs: `lean` (inductor's output module and the
   shipped kernels, without importing the compiler) or `artifact`.
 - **build**: the hook's time for the model, from importing torch to its last check,
   with another model compiling beside it (2 cores).
 - **max difference**: the largest absolute difference from eager over every
-  output at the three sizes.
+  output at the three sizes; for bfloat16 models, the worst relative error and
+  cosine similarity against float32.
 - **refused**: torch cannot capture the architecture; the build stops with the
   reason given, in the configuration's terms.
 
@@ -45,9 +49,10 @@ def render(results: dict[str, dict[str, Any]]) -> str:
             continue
         seconds = result["build_seconds"]
         build = f"{seconds:.0f} s" if seconds is not None else ""
-        rows.append(
-            f"| {architecture.name} | {architecture.what} | builds | {result['form']} | {build} | {result['max_difference']:.1e} |"
-        )
+        difference = f"{result['max_difference']:.1e}"
+        if "cosine" in result:
+            difference = f"relative error {result['relative_error']:.2g}, cosine {result['cosine']:.5f}"
+        rows.append(f"| {architecture.name} | {architecture.what} | builds | {result['form']} | {build} | {difference} |")
     return HEADER + "\n".join(rows) + "\n"
 
 
