@@ -10,6 +10,10 @@ builds both and runs this). Models (--models):
 - mlp_537mb, mlp_2gb: models whose load is their weights (benchmarks/big_weights,
   package big_weights): eight square Linear layers, 537 MB and 2.1 GB of float32;
   input [8, width]. Not in the default set (the wheel is 2.7 GB): ask for them
+- minilm, minilm_bf16: a BertModel the size of all-MiniLM-L6-v2 (benchmarks/minilm,
+  package minilm), compiled in float32 and in bfloat16; token ids [8, 128] and a
+  padding mask. Measured against eager and ONNX Runtime, and each case's first
+  output (last_hidden_state) against float32 eager's. Not in the default set
 
 Each case runs in fresh processes (median of --runs, min-max shown), every case of
 every model interleaved in one run, so that they share the machine's current load.
@@ -36,6 +40,8 @@ First output is timed from process start, `import torch` included:
 - load_compiled, plain outputs (bert only): `load_compiled(name, outputs="plain")`,
   which returns dicts and tuples instead of transformers' output classes, so that
   transformers is never imported; "n/a" where the loader has no such keyword
+- ONNX Runtime (the minilm models): torch.onnx.export (dynamo, dynamic batch) at
+  setup, an InferenceSession on the CPU provider in the process, as many threads
 - AOTInductor: torch.export and aoti_compile_and_package at setup (dynamic batch),
   aoti_load_package in the process, no C++ compiler on PATH (it only asks one
   for its version). For bert the process first imports transformers.modeling_outputs,
@@ -57,6 +63,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -84,6 +91,7 @@ class Model:
     library: str | None  # the library of the output classes, whose import we record
     output_module: str | None  # defines them; AOTInductor's package rebuilds them only once it is imported
     features: int = 0  # > 0: the input is one float tensor [BATCH, features] instead of token ids
+    dtype: str | None = None  # the precision compiled (and eager's), where not float32
 
 
 MODELS = {
@@ -131,6 +139,25 @@ MODELS = {
         for key, width, size in (("mlp_537mb", 4096, "537 MB"), ("mlp_2gb", 8192, "2.1 GB"))
     },
 }
+MODELS.update(
+    {
+        key: Model(
+            key=key,
+            title=f"BertModel the size of all-MiniLM-L6-v2, {dtype or 'float32'} (benchmarks/minilm)",
+            package="minilm",
+            name=key,
+            factory="minilm.model:minilm",
+            sequence=128,
+            attention_mask=True,
+            eager_loads_weights=False,
+            max_batch=16,
+            library="transformers",
+            output_module="transformers.modeling_outputs",
+            dtype=dtype,
+        )
+        for key, dtype in (("minilm", None), ("minilm_bf16", "bfloat16"))
+    }
+)
 DEFAULT_MODELS = ["encoder", "bert"]
 BIG_CALLS = 20  # steady-state calls for the MLPs, whose calls stream their weights
 
@@ -140,6 +167,7 @@ LOADER_NEXT = "load_compiled, next processes"
 COMPILE_CPP = "torch.compile cpp_wrapper, warm cache"
 LOADER, LOADER_ARTIFACT, LOADER_PLAIN = "load_compiled", "load_compiled, artifact form", "load_compiled, plain outputs"
 AOTI = "AOTInductor"
+ORT = "ONNX Runtime"
 COMPILER = ["torch._inductor", "torch._dynamo"]  # in sys.modules: the process paid for importing the compiler
 
 
@@ -147,13 +175,17 @@ def cases_for(model: Model) -> list[str]:
     """The cases measured for a model; the first is the baseline of "vs eager"."""
     if model.features:
         return [EAGER_FAST, LOADER, LOADER_NEXT]
+    if model.package == "minilm":
+        return [EAGER, LOADER, ORT]
     plain = [LOADER_PLAIN] if model.library else []  # only a model with library output classes has "plain" ones
     return [EAGER, COMPILE_EMPTY, COMPILE_WARM, COMPILE_CPP, LOADER, LOADER_ARTIFACT, *plain, AOTI]
 
 
 # One case in one fresh process: argv is the case, the number of timed calls and
 # the model (JSON). Prints one JSON line: the measurements, or {"skipped": why}.
-# "aoti setup" instead exports and packages the model for the AOTInductor case.
+# "aoti setup" instead exports and packages the model for the AOTInductor case,
+# "onnx setup" exports it for ONNX Runtime. With spec["output_file"], the first
+# output's first tensor is saved there (torch.save) for the accuracy table.
 CHILD = r"""
 import json, os, sys, time
 start = time.perf_counter()
@@ -185,6 +217,8 @@ def eager_module(fast=False):
             model = factory()
     else:
         model = factory()
+    if spec["dtype"]:
+        model = model.to(getattr(torch, spec["dtype"]))
     if spec["eager_loads_weights"]:
         from pathlib import Path
         from safetensors.torch import load_file
@@ -203,6 +237,19 @@ def load():
         return torch.compile(eager_module(), options={"cpp_wrapper": True})
     if case.startswith("torch.compile"):
         return torch.compile(eager_module())
+    if case == "ONNX Runtime":
+        import onnxruntime
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = torch.get_num_threads()
+        try:
+            session = onnxruntime.InferenceSession(spec["onnx_file"], options, providers=["CPUExecutionProvider"])
+        except Exception as error:  # no kernel for a type, say bfloat16 on the CPU provider
+            print(json.dumps({"skipped": f"{type(error).__name__}: {error}"[:300]}))
+            sys.exit(0)
+        names = [i.name for i in session.get_inputs()]
+        def run(*args, **kwargs):
+            return session.run(None, dict(zip(names, (t.numpy() for t in (*args, *kwargs.values())))))
+        return run
     if case == "AOTInductor":
         if spec["output_module"]:  # as its user must: the package names output classes it cannot import
             importlib.import_module(spec["output_module"])
@@ -228,6 +275,26 @@ def aoti_setup():
     torch._inductor.aoti_compile_and_package(exported, package_path=spec["aoti_package"])
 
 
+def onnx_setup():
+    import inspect
+    args, kwargs = inputs()
+    model = eager_module()
+    batch = torch.export.Dim("batch", min=1, max=spec["max_batch"])
+    first = next(iter(inspect.signature(model.forward).parameters))
+    shapes = {first: {0: batch}, **{key: {0: batch} for key in kwargs}}
+    torch.onnx.export(model, args, spec["onnx_file"], kwargs=kwargs, dynamic_shapes=shapes, dynamo=True)
+
+
+def first_tensor(output):
+    if isinstance(output, torch.Tensor):
+        return output
+    if hasattr(output, "__array__") and not isinstance(output, (list, tuple)):
+        return torch.from_numpy(output)
+    if hasattr(output, "items"):
+        return first_tensor(next(iter(output.values())))
+    return first_tensor(output[0])
+
+
 def per_call(function):
     times = []
     for _ in range(calls):
@@ -237,16 +304,24 @@ def per_call(function):
     return sorted(times)[len(times) // 2]
 
 
-if case == "aoti setup":
+if case in ("aoti setup", "onnx setup"):
     with torch.no_grad():
-        aoti_setup()
+        try:
+            aoti_setup() if case == "aoti setup" else onnx_setup()
+        except Exception as error:  # the case then reports itself skipped
+            print(json.dumps({"skipped": f"{type(error).__name__}: {error}"[:300]}))
+    sys.exit(0)
+if case == "ONNX Runtime" and not os.path.exists(spec["onnx_file"]):
+    print(json.dumps({"skipped": "the export failed at setup"}))
     sys.exit(0)
 
 args, kwargs = inputs()
 with torch.no_grad():
     model = load()
-    model(*args, **kwargs)
+    output = model(*args, **kwargs)
     first = time.perf_counter() - start
+    if spec.get("output_file"):
+        torch.save(first_tensor(output).float(), spec["output_file"])
     imported = {name: name in sys.modules for name in spec["watched"]}
     for _ in range(10):
         model(*args, **kwargs)
@@ -258,9 +333,17 @@ print(json.dumps({"first": first, "call": call, "check": check, "rss": rss, "imp
 """
 
 
-def run_child(case: str, model: Model, env: dict[str, str], calls: int, aoti_package: Path) -> dict:
+def output_file(scratch: Path, model: Model, case: str) -> Path:
+    """Where a case saves its first output, for `accuracy_rows` (the minilm models)."""
+    return scratch / f"{model.key}-{re.sub(r'[^a-z]+', '-', case.lower())}.pt"
+
+
+def run_child(case: str, model: Model, env: dict[str, str], calls: int, scratch: Path) -> dict:
     watched = COMPILER + ([model.library] if model.library else [])
-    spec = json.dumps({**asdict(model), "batch": BATCH, "aoti_package": str(aoti_package), "watched": watched})
+    files = {"aoti_package": str(scratch / f"{model.key}.pt2"), "onnx_file": str(scratch / f"{model.key}.onnx")}
+    if model.package == "minilm":
+        files["output_file"] = str(output_file(scratch, model, case))
+    spec = json.dumps({**asdict(model), "batch": BATCH, "watched": watched, **files})
     try:
         result = subprocess.run(
             [sys.executable, "-c", CHILD, case, str(calls), spec],
@@ -314,6 +397,28 @@ class Environments:
         return {**env, "TORCHINDUCTOR_CACHE_DIR": f"{folder}/inductor", "HATCH_PRECOMPILE_CACHE_DIR": f"{folder}/hp"}
 
 
+def accuracy_rows(models: list[Model], scratch: Path) -> list[tuple[str, ...]]:
+    """(model, case, relative error, cosine) of every minilm case's saved output
+    against float32 eager's, where both were measured."""
+    import torch
+
+    reference_file = output_file(scratch, MODELS["minilm"], EAGER)
+    if not reference_file.exists():
+        return []
+    reference = torch.load(reference_file).double().flatten()
+    rows = []
+    for model in models:
+        for case in cases_for(model) if model.package == "minilm" else []:
+            path = output_file(scratch, model, case)
+            if not path.exists():
+                continue
+            output = torch.load(path).double().flatten()
+            error = ((output - reference).norm() / reference.norm()).item()
+            cosine = torch.nn.functional.cosine_similarity(output, reference, dim=0).item()
+            rows.append((model.key, case, f"{error:.2e}", f"{cosine:.6f}"))
+    return rows
+
+
 def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -358,8 +463,7 @@ def interleaved_runs(models: list[Model], envs: Environments, args: argparse.Nam
             for case, runs in results[model.key].items():
                 if runs and "skipped" in runs[0]:
                     continue
-                package = envs.scratch / f"{model.key}.pt2"
-                runs.append(run_child(case, model, envs.for_case(case, model), calls_for(model, args), package))
+                runs.append(run_child(case, model, envs.for_case(case, model), calls_for(model, args), envs.scratch))
     return results
 
 
@@ -443,17 +547,23 @@ def main() -> None:
         envs = Environments(scratch, args.threads)
         for model in models:  # setup: the AOTInductor package, the warm caches, the loader's stamp
             print(f"setup: {model.key}", file=sys.stderr, flush=True)
-            package = scratch / f"{model.key}.pt2"
-            if AOTI in cases_for(model):
-                run_child("aoti setup", model, envs.for_case(EAGER, model), 0, package)
+            for case, setup in ((AOTI, "aoti setup"), (ORT, "onnx setup")):
+                if case in cases_for(model):
+                    run_child(setup, model, envs.for_case(EAGER, model), 0, scratch)
             for warm in (COMPILE_WARM, COMPILE_CPP, LOADER_NEXT):
                 if warm in cases_for(model):
-                    run_child(warm, model, envs.for_case(warm, model), 1, package)
+                    run_child(warm, model, envs.for_case(warm, model), 1, scratch)
         results = interleaved_runs(models, envs, args)
+        accuracy = accuracy_rows(models, scratch)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     for model in models:
         print_table(model, results[model.key], args.threads)
+    if accuracy:
+        print("### Accuracy: each case's last_hidden_state against float32 eager's, same input\n")
+        print("| model | case | relative error | cosine similarity |\n|---|---|---|---|")
+        for row in accuracy:
+            print("| " + " | ".join(row) + " |")
 
 
 if __name__ == "__main__":
