@@ -25,10 +25,15 @@ venv_for() {  # venv_for <torch requirement>: its environment's folder
 VENV=$(venv_for "$TORCH_REQUIREMENT")
 DEMO=".demo${VENV#.venv}"
 
-default_environment() {  # .venv: the default torch and this checkout with its test extra, by pip
+default_environment() {  # .venv: the default torch and this checkout with its test extra, by uv
+  # (itself from pip), which links torch from its cache where pip unpacks it again; told pip's
+  # find-links, where this machine's CPU build of torch lies
   [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-  .venv/bin/python -m pip install --disable-pip-version-check -q "$DEFAULT_TORCH"
-  .venv/bin/python -m pip install --disable-pip-version-check -q -e '.[test]'
+  [ -x .venv/bin/uv ] || .venv/bin/python -m pip install --disable-pip-version-check -q "uv>=0.5"
+  if [ -n "${PIP_FIND_LINKS:-}" ] && [ -z "${UV_FIND_LINKS:-}" ]; then
+    export UV_FIND_LINKS="${PIP_FIND_LINKS// /,}"
+  fi
+  .venv/bin/uv pip install --quiet --python .venv/bin/python "$DEFAULT_TORCH" -e '.[test]'
 }
 
 setup() {
