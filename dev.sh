@@ -99,12 +99,6 @@ install_big_weights() {  # after install_example: adds big_weights (2.7 GB of ML
   "$DEMO/venv/bin/python" -m pip install --disable-pip-version-check -q "$DEMO"/dist/big_weights-*.whl
 }
 
-install_minilm() {  # after install_example: adds minilm (float32 and bfloat16) and ONNX Runtime to $DEMO/venv
-  echo "== building the MiniLM-sized wheel (one BERT in float32 and in bfloat16)"
-  build_example_wheel benchmarks/minilm
-  "$DEMO/venv/bin/python" -m pip install --disable-pip-version-check -q "$DEMO"/dist/minilm-*.whl onnxruntime onnxscript onnx
-}
-
 bench() {
   install_example
   # The eager cases load the shipped weights as users do, with safetensors (the
@@ -115,9 +109,6 @@ bench() {
   fi
   if [[ " $* " == *" mlp_"* ]]; then
     install_big_weights
-  fi
-  if [[ " $* " == *" minilm"* ]]; then
-    install_minilm
   fi
   echo "== benchmark (several minutes: torch.compile runs cold once per run and model)"
   "$DEMO/venv/bin/python" benchmarks/cold_start.py "$@"
@@ -154,12 +145,10 @@ case "${1:-}" in
       test_suite "$@"
     else
       setup
-      # The default suite runs on two pytest-xdist workers, a file each at a time
-      # (the battery, the longest, first), and the release legs beside it, one
+      # The release legs run beside the default suite, which leaves a core idle
+      # much of the time (installs, fresh interpreters, one-worker builds): one
       # after the other, each in its own environment (made by uv, which links
-      # torch's gigabytes) and pytest folder: single builds, installs and fresh
-      # interpreters leave a core idle, and this fills it. The legs' output is in
-      # .leg-X.Y.Z.log.
+      # torch's gigabytes) and pytest folder; their output is in .leg-X.Y.Z.log.
       (
         status=0
         for release in $OTHER_RELEASES; do
@@ -171,7 +160,7 @@ case "${1:-}" in
       ) &
       legs=$!
       suite=0
-      test_suite -n 2 --dist loadfile --no-loadscope-reorder --durations=25 || suite=$?  # the slowest tests, to keep CI's time in view
+      test_suite --durations=25 || suite=$?  # the slowest tests, to keep CI's time in view
       legs_status=0
       wait "$legs" || legs_status=$?
       for release in $OTHER_RELEASES; do

@@ -21,10 +21,8 @@ import tempfile
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
 
 import pytest
-from filelock import FileLock
 from uv import find_uv_bin
 
 REPO = Path(__file__).resolve().parent.parent
@@ -35,39 +33,20 @@ UV = find_uv_bin()
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Builds in this test process share a build cache of their own, never the
-    user's nor another xdist worker's (which builds run before which would then
-    depend on how tests are spread); tests that need cold compiles turn it off.
-    uv finds what pip would."""
+    """Builds in this session share a build cache of their own, never the user's;
+    tests that need cold compiles turn it off. uv finds what pip would."""
     if os.environ.get("PIP_FIND_LINKS") and "UV_FIND_LINKS" not in os.environ:
         os.environ["UV_FIND_LINKS"] = ",".join(os.environ["PIP_FIND_LINKS"].split())
-    if "HATCH_PRECOMPILE_BUILD_CACHE" not in os.environ or os.environ.get("PYTEST_XDIST_WORKER"):
+    if "HATCH_PRECOMPILE_BUILD_CACHE" not in os.environ:
         os.environ["HATCH_PRECOMPILE_BUILD_CACHE"] = tempfile.mkdtemp(prefix="hatch-precompile-test-cache-")
         config.add_cleanup(lambda: shutil.rmtree(os.environ.pop("HATCH_PRECOMPILE_BUILD_CACHE"), ignore_errors=True))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The architecture battery first: it is the longest file by far, so with
-    `-n 2` (pytest-xdist, one file per worker at a time) one worker starts it
-    while the other runs the rest of the suite."""
-    items.sort(key=lambda item: item.path.name != "test_battery.py")
-
-
-def made_once(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], Any]) -> Any:
-    """`make(folder)`'s result (JSON data), made by the first test process that asks
-    for it and read by the others: with pytest-xdist, a session fixture is built once
-    per run rather than once per worker."""
-    root = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        root = root.parent  # shared by the workers of this run
-    made = root / f"{name}.json"
-    with FileLock(str(root / f"{name}.lock")):
-        if not made.exists():
-            folder = root / name
-            shutil.rmtree(folder, ignore_errors=True)  # what a failed attempt left
-            folder.mkdir()
-            made.write_text(json.dumps(make(folder)))
-        return json.loads(made.read_text())
+    """The architecture battery last: it keeps both cores busy on its own, where
+    the rest of the suite leaves one idle much of the time, which is when
+    `./dev.sh test` runs the release legs beside it."""
+    items.sort(key=lambda item: item.path.name == "test_battery.py")
 
 
 def run(command: list[str], *, cwd: Path | None = None, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -182,12 +161,9 @@ def isolated_build(*args: str, env: dict[str, str] | None = None) -> subprocess.
 @pytest.fixture(scope="session")
 def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A folder holding this checkout's hatch-precompile wheel, for build frontends to find."""
-
-    def make(folder: Path) -> str:
-        run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(folder), str(REPO)])
-        return str(folder)
-
-    return Path(made_once(tmp_path_factory, "wheelhouse", make))
+    folder = tmp_path_factory.mktemp("wheelhouse")
+    run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(folder), str(REPO)])
+    return folder
 
 
 @dataclass
@@ -200,16 +176,10 @@ class ExampleBuild:
 @pytest.fixture(scope="session")
 def example_build(tmp_path_factory: pytest.TempPathFactory, wheelhouse: Path) -> ExampleBuild:
     """`python -m build` of the example project, with build isolation: sdist, then wheel from the sdist."""
-
-    def make(folder: Path) -> dict[str, str]:
-        project = folder / "example_project"
-        shutil.copytree(EXAMPLE, project, ignore=shutil.ignore_patterns("dist", "__pycache__"))
-        pin_build_torch(project / "pyproject.toml")
-        built = build_sdist_and_wheel(project, wheelhouse)
-        return {"sdist": str(built.sdist), "wheel": str(built.wheel), "log": built.log}
-
-    made = made_once(tmp_path_factory, "example", make)
-    return ExampleBuild(Path(made["sdist"]), Path(made["wheel"]), made["log"])
+    project = tmp_path_factory.mktemp("example") / "example_project"
+    shutil.copytree(EXAMPLE, project, ignore=shutil.ignore_patterns("dist", "__pycache__"))
+    pin_build_torch(project / "pyproject.toml")
+    return build_sdist_and_wheel(project, wheelhouse)
 
 
 def build_sdist_and_wheel(project: Path, wheelhouse: Path) -> ExampleBuild:
