@@ -25,7 +25,10 @@ bounds (relative error at most 0.04, cosine at least 0.999).
 - **form**: what `load_compiled` runs: `lean` (inductor's output module and the
   shipped kernels, without importing the compiler) or `artifact`.
 - **build**: the hook's time for the model, from importing torch to its last check,
-  with another model compiling beside it (2 cores).
+  with another model compiling beside it, on 2 cores that the test run shares
+  with other builds (the last run: an AVX2 AMD EPYC running the rest of the
+  suite beside it; the run before, on another machine, had each model at a
+  third of these times): compare rows of one table, not tables.
 - **max difference**: the largest absolute difference from eager over every
   output at the three sizes; for bfloat16 models, the worst relative error and
   cosine similarity against float32.
