@@ -99,6 +99,12 @@ install_big_weights() {  # after install_example: adds big_weights (2.7 GB of ML
   "$DEMO/venv/bin/python" -m pip install --disable-pip-version-check -q "$DEMO"/dist/big_weights-*.whl
 }
 
+install_minilm() {  # after install_example: adds minilm (float32 and bfloat16) and ONNX Runtime to $DEMO/venv
+  echo "== building the MiniLM-sized wheel (one BERT in float32 and in bfloat16)"
+  build_example_wheel benchmarks/minilm
+  "$DEMO/venv/bin/python" -m pip install --disable-pip-version-check -q "$DEMO"/dist/minilm-*.whl onnxruntime onnxscript onnx
+}
+
 bench() {
   install_example
   # The eager cases load the shipped weights as users do, with safetensors (the
@@ -109,6 +115,9 @@ bench() {
   fi
   if [[ " $* " == *" mlp_"* ]]; then
     install_big_weights
+  fi
+  if [[ " $* " == *" minilm"* ]]; then
+    install_minilm
   fi
   echo "== benchmark (several minutes: torch.compile runs cold once per run and model)"
   "$DEMO/venv/bin/python" benchmarks/cold_start.py "$@"
