@@ -149,11 +149,27 @@ def test_a_project_that_never_ran_init_builds_and_keeps_git_clean(project: Path,
     assert "_precompiled" not in status and "src/twomodels/models.py" in status
 
 
-def test_a_rebuild_recompiles_nothing_and_gives_the_same_files(project: Path, reference: dict[str, bytes], tmp_path: Path) -> None:
+@dataclass(frozen=True)
+class CachedBuild:
+    log: str
+    files: dict[str, bytes]
+    cache: Path  # the build cache it filled
+
+
+@pytest.fixture(scope="module")
+def cached(project: Path, tmp_path_factory: pytest.TempPathFactory) -> CachedBuild:
+    """A cold build into an empty build cache, two workers: the cache the tests
+    below start from (each works on a copy of it)."""
+    cache = tmp_path_factory.mktemp("filled") / "cache"
+    log, files = build(project, tmp_path_factory.mktemp("cached-build"), cache=cache)
+    return CachedBuild(log, files, cache)
+
+
+def test_a_rebuild_recompiles_nothing_and_gives_the_same_files(project: Path, cached: CachedBuild, reference: dict[str, bytes], tmp_path: Path) -> None:
+    assert origins(cached.log) == {"affine": "compiled", "doubler": "compiled"}
+    assert cached.files == reference
     cache = tmp_path / "cache"
-    log, files = build(project, tmp_path / "cold", cache=cache)
-    assert origins(log) == {"affine": "compiled", "doubler": "compiled"}
-    assert files == reference
+    shutil.copytree(cached.cache, cache)
     log, files = build(project, tmp_path / "warm", cache=cache)
     assert origins(log) == {"affine": "cached", "doubler": "cached"}
     assert "checked against eager" in log and "cpu_avx2.bin: lean form" in log  # still captured and checked
@@ -167,11 +183,12 @@ def test_a_rebuild_recompiles_nothing_and_gives_the_same_files(project: Path, re
     assert files == reference
 
 
-def test_changing_one_model_recompiles_only_that_model(project: Path, tmp_path: Path) -> None:
+def test_changing_one_model_recompiles_only_that_model(project: Path, cached: CachedBuild, tmp_path: Path) -> None:
+    """In another folder, too: the cache keys hold no path of the project."""
     changed = tmp_path / "changed"
     shutil.copytree(project, changed)
     cache = tmp_path / "cache"
-    build(changed, tmp_path / "first", cache=cache)
+    shutil.copytree(cached.cache, cache)
     models = changed / "src/twomodels/models.py"
     models.write_text(models.read_text().replace("torch.tanh(x) * 2", "torch.sigmoid(x) * 2"))
     log, _ = build(changed, tmp_path / "second", cache=cache)
@@ -183,10 +200,16 @@ def test_the_cache_can_be_turned_off(cold: ColdBuild) -> None:
     assert list(cold.home.iterdir()) == []  # nothing written where the cache would be
 
 
-def test_parts_compiled_apart_assemble_into_the_same_wheel(project: Path, reference: dict[str, bytes], tmp_path: Path) -> None:
-    compile_part(project, tmp_path / "part-affine", "--models", "affine")
-    compile_part(project, tmp_path / "part-doubler", "--models", "doubler", "--cpu-targets", "avx2")
-    parts = [tmp_path / "part-affine", tmp_path / "part-doubler"]
+@pytest.fixture(scope="module")
+def parts(project: Path, tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """One part per model, each compiled by `compile-part` in its own folder."""
+    root = tmp_path_factory.mktemp("parts")
+    compile_part(project, root / "part-affine", "--models", "affine")
+    compile_part(project, root / "part-doubler", "--models", "doubler", "--cpu-targets", "avx2")
+    return [root / "part-affine", root / "part-doubler"]
+
+
+def test_parts_compiled_apart_assemble_into_the_same_wheel(project: Path, parts: list[Path], reference: dict[str, bytes], tmp_path: Path) -> None:
     log, files = build(project, tmp_path / "out", cache="off", parts=parts)
     assert origins(log) == {"affine": f"part {parts[0]}", "doubler": f"part {parts[1]}"}
     assert files == reference
@@ -197,24 +220,23 @@ def test_parts_compiled_apart_assemble_into_the_same_wheel(project: Path, refere
     assert files == reference
 
 
-def test_a_part_from_another_model_or_configuration_is_refused(project: Path, tmp_path: Path) -> None:
-    part = tmp_path / "part"
-    compile_part(project, part, "--models", "doubler")
+def test_a_part_from_another_model_or_configuration_is_refused(project: Path, parts: list[Path], tmp_path: Path) -> None:
+    part = parts[0]  # affine's, for every target
     other = tmp_path / "other"
     shutil.copytree(project, other)
 
     models = other / "src/twomodels/models.py"
-    models.write_text(models.read_text().replace("torch.tanh(x) * 2", "torch.tanh(x) * 3"))
+    models.write_text(models.read_text().replace("torch.relu(self.linear(x))", "torch.relu(self.linear(x) * 3)"))
     log, files = build(other, tmp_path / "changed-code", cache="off", parts=[part], check=False)
     assert files == {}
-    assert "model 'doubler' failed while taking cpu_avx2.bin from a part" in log
+    assert "model 'affine' failed while taking cpu_avx2.bin from a part" in log
     assert f"part {part} holds cpu_avx2.bin, but the model this build captured differs from the one the part compiled" in log
 
     pyproject = other / "pyproject.toml"
     pyproject.write_text(pyproject.read_text().replace("min = 1, max = 16", "min = 2, max = 16"))
     log, files = build(other, tmp_path / "changed-config", cache="off", parts=[part], check=False)
     assert files == {}
-    assert f"part {part}: model 'doubler' was compiled from another configuration (tool.hatch.build.hooks.precompile.models.doubler: dims differ)" in log
+    assert f"part {part}: model 'affine' was compiled from another configuration (tool.hatch.build.hooks.precompile.models.affine: dims differ)" in log
 
 
 def test_compile_part_names_unknown_models_and_targets(project: Path, tmp_path: Path) -> None:
