@@ -47,14 +47,19 @@ def runtime_requirements() -> list[str]:
     return [f"torch=={Version(torch_version()).public}"]
 
 
-def wheel_tag(kernel_policies: list[str]) -> str:
+def wheel_tag(kernel_policies: list[str], stable_abi: bool) -> str:
     """This interpreter's tag with the stricter of torch's platform tag and what the
-    kernels need from the system (their manylinux policies, see native.py)."""
+    kernels need from the system (their manylinux policies, see native.py).
+
+    With `stable_abi` (every shipped variant has a lean form, whose kernels are
+    stable-ABI extensions), the ABI is `abi3`: `cp311-abi3` installs on CPython 3.11
+    and later. Otherwise some model loads only as an artifact, a pickle of this
+    Python's inductor objects, and the tag names this Python's ABI alone."""
     interpreter = next(iter(sys_tags()))
     platform = _torch_platform_tag() or interpreter.platform
     for policy in kernel_policies:
         platform = stricter_platform(platform, policy)
-    return f"{interpreter.interpreter}-{interpreter.abi}-{platform}"
+    return f"{interpreter.interpreter}-{'abi3' if stable_abi else interpreter.abi}-{platform}"
 
 
 def _torch_platform_tag() -> str | None:

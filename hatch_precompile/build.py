@@ -38,7 +38,7 @@ class Reporter:
 @dataclass(frozen=True)
 class Precompiled:
     files: dict[str, str]  # a staged file -> its path in the wheel
-    tag: str  # the wheel's tag: this Python, its ABI, the stricter of torch's and the kernels' platforms
+    tag: str  # the wheel's tag: this Python, its ABI (abi3 where every variant has a lean form), the stricter of torch's and the kernels' platforms
 
 
 def check_sdist_pins(root: Path, requirements: list[str]) -> None:
@@ -95,7 +95,9 @@ def precompile(root: Path, config: PrecompileConfig, package: str, package_dir: 
     entries = {name: model.entry for name, model in compiled.items()}
     fallback = {m.name: m.fallback for m in config.models.values()}
     files = assemble(staging, package, fallback, entries)
-    return Precompiled(files, wheel_tag([a["native"]["policy"] for entry in entries.values() for a in entry["artifacts"]]))
+    artifacts = [a for entry in entries.values() for a in entry["artifacts"]]
+    stable_abi = all("file" in a["lean"] for a in artifacts)
+    return Precompiled(files, wheel_tag([a["native"]["policy"] for a in artifacts], stable_abi))
 
 
 def compile_part(

@@ -62,6 +62,16 @@ What it relies on (measured on torch 2.13):
   precompiling=True)`, whose `_passthrough_args` reach the command line, with
   `CppBuilder` builds `<source>.gch`. The build supplies its own
   (`precompiled_headers_in`), with the path map added.
+- The Python binding inductor appends to each kernel's `main_code`
+  (`CppPythonBindingsCodeCache.suffix_template`) includes `Python.h` itself, after
+  the code it is given, and uses only the stable ABI (the limited API of 3.11:
+  `PyTuple_CheckExact`, `PyLong_AsSsize_t`, `PyModule_Create`, ...) but for two
+  macros, `PyTuple_GET_ITEM` and `PyTuple_GET_SIZE`, whose stable-ABI functions
+  (`PyTuple_GetItem`, `PyTuple_Size`) take the same arguments. The kernel code
+  and the precompiled header (`cpp_prefix.h`) include no Python header. So a
+  kernel whose `main_code` starts with `STABLE_ABI_PRELUDE` is built against the
+  limited API: the compile itself fails if the binding uses anything else, and
+  the `.so` loads in every CPython from the one it was built with.
 """
 
 from __future__ import annotations
@@ -197,7 +207,7 @@ _TORCH_PATH_MAP = shlex.quote(f"-ffile-prefix-map={_TORCH_DIR}=torch")
 def precompiled_headers_in(folder: Path) -> Iterator[None]:
     """While active, inductor's precompiled headers are kept in `folder`, named by
     what decides their bytes, and built with `__FILE__` of torch's headers
-    relative to torch, as the kernels are (`_without_build_paths`): a kernel that
+    relative to torch, as the kernels are (`_shipped_kernel_arguments`): a kernel that
     includes one gets its strings from it.
 
     Inductor's own `_precompile_header` names a header by a hash of its command
@@ -288,7 +298,7 @@ def captured_kernels() -> Iterator[dict[str, Callable[[], str]]]:
     def record(loader_cls: Any, *args: Any, **kwargs: Any) -> Callable[[], Any]:
         arguments = bind_arguments(signature, loader_cls, args, kwargs)
         key = kernel_key(arguments)
-        get_entry = original(**_without_build_paths(arguments, key))
+        get_entry = original(**_shipped_kernel_arguments(arguments, key))
         built[key] = lambda: get_entry().__self__.__file__  # the entry function's module
         return get_entry
 
@@ -299,15 +309,25 @@ def captured_kernels() -> Iterator[dict[str, Callable[[], str]]]:
         cls.load_pybinding_async = classmethod(original)
 
 
-def _without_build_paths(arguments: dict[str, Any], key: str) -> dict[str, Any]:
-    """`load_pybinding_async` arguments that build the same kernel with no path of
-    this build in it: `__FILE__` of torch's headers relative to torch, the source's
-    `__FILE__` named after the kernel's key (the cache names the file by a hash of
-    the command line, which holds absolute paths), and no symbol table or debug
-    info (they name that file and the cache)."""
+# Builds a kernel's binding against the stable ABI of this CPython and later ones
+# (3.11: 0x030B0000); the two macros outside it become the functions that are in it.
+STABLE_ABI_PRELUDE = (
+    f"#define Py_LIMITED_API 0x{sys.version_info.major:02X}{sys.version_info.minor:02X}0000\n"
+    "#define PyTuple_GET_ITEM PyTuple_GetItem\n"
+    "#define PyTuple_GET_SIZE PyTuple_Size\n"
+)
+
+
+def _shipped_kernel_arguments(arguments: dict[str, Any], key: str) -> dict[str, Any]:
+    """`load_pybinding_async` arguments that build the same kernel as a stable-ABI
+    extension (`STABLE_ABI_PRELUDE`) with no path of this build in it: `__FILE__`
+    of torch's headers relative to torch, the source's `__FILE__` named after the
+    kernel's key (the cache names the file by a hash of the command line, which
+    holds absolute paths), and no symbol table or debug info (they name that file
+    and the cache)."""
     flags = (_TORCH_PATH_MAP, "-s")
     arguments = {**arguments, "extra_flags": (*arguments["extra_flags"], *flags)}
-    arguments["main_code"] = f'#line 1 "{key}.cpp"\n' + arguments["main_code"]
+    arguments["main_code"] = STABLE_ABI_PRELUDE + f'#line 1 "{key}.cpp"\n' + arguments["main_code"]
     if arguments["kernel_code"] is not None:
         arguments["kernel_code"] = f'#line 1 "{key}.kernel.cpp"\n' + arguments["kernel_code"]
     return arguments

@@ -133,6 +133,7 @@ def pin_build_torch(pyproject: Path) -> None:
 @dataclass
 class Venv:
     path: Path
+    install_env: dict[str, str] | None = None  # the environment installs run in (None: this process's)
 
     @property
     def python(self) -> str:
@@ -140,7 +141,7 @@ class Venv:
 
     def pip(self, *args: str, env: dict[str, str] | None = None) -> None:
         """`pip install ARGS` into this environment, done by uv (`uv pip install`)."""
-        run([UV, "pip", "install", "--quiet", "--python", self.python, *args], env=env)
+        run([UV, "pip", "install", "--quiet", "--python", self.python, *args], env=env or self.install_env)
 
     def script(self, code: str, *, cwd: Path | None = None, env: dict[str, str] | None = None, check: bool = True, options: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
         """Run `code` in a fresh interpreter of this environment."""
@@ -150,6 +151,23 @@ class Venv:
 def make_venv(path: Path) -> Venv:
     run([UV, "venv", "--quiet", "--python", sys.executable, str(path)])
     return Venv(path)
+
+
+def find_python(version: str) -> str:
+    """An interpreter of CPython `version` ("3.13"): pyenv's (whose shims answer
+    only for the versions a project selects), else the one uv finds or fetches."""
+    root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
+    installed = sorted(root.glob(f"versions/{version}.*/bin/python{version}"))
+    return str(installed[-1]) if installed else version
+
+
+def pypi_venv(path: Path, python: str) -> Venv:
+    """A fresh environment of CPython `python` ("3.13", see `find_python`) whose
+    installs come from PyPI alone: not from this machine's wheel folders
+    (PIP_FIND_LINKS), whose CPU build of torch is for one Python. So a
+    `torch==X` pin resolves as on a user's Linux machine, to PyPI's CUDA build."""
+    run([UV, "venv", "--quiet", "--python", find_python(python), str(path)])
+    return Venv(path, {name: value for name, value in os.environ.items() if name not in ("PIP_FIND_LINKS", "UV_FIND_LINKS")})
 
 
 def isolated_build(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -18,12 +18,17 @@ def test_the_wheel_pins_the_build_torch_release_without_its_local_label() -> Non
 
 def test_the_tag_is_this_interpreter_with_the_stricter_of_torchs_platform_and_the_kernels() -> None:
     python = f"cp{sys.version_info.major}{sys.version_info.minor}"
-    interpreter, abi, platform = wheel_tag([]).split("-")
+    interpreter, abi, platform = wheel_tag([], stable_abi=False).split("-")
     assert (interpreter, abi) == (python, python)
     assert platform.endswith("x86_64") or platform.endswith("aarch64")
-    assert wheel_tag(["manylinux_2_17_x86_64"]) == wheel_tag([])
+    assert wheel_tag(["manylinux_2_17_x86_64"], stable_abi=False) == wheel_tag([], stable_abi=False)
     if platform.startswith("manylinux_2_28_"):
-        assert wheel_tag(["manylinux_2_17_x86_64", "manylinux_2_38_x86_64"]).endswith("-manylinux_2_38_x86_64")
+        assert wheel_tag(["manylinux_2_17_x86_64", "manylinux_2_38_x86_64"], stable_abi=False).endswith("-manylinux_2_38_x86_64")
+
+
+def test_a_wheel_whose_every_variant_has_a_lean_form_is_tagged_for_the_stable_abi() -> None:
+    python = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    assert wheel_tag([], stable_abi=True) == wheel_tag([], stable_abi=False).replace(f"{python}-{python}-", f"{python}-abi3-")
 
 
 def test_assembly_records_sizes_hashes_and_the_manifest_digest(tmp_path: Path) -> None:

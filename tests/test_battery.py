@@ -1,10 +1,14 @@
-"""The architecture battery and the options battery, through one wheel.
+"""The architecture battery and the options battery, through two wheels.
 
 Every architecture in `battery/architectures.py`, and the small vision net once
-per supported inductor option, is a model of one project built by the real hook
+per supported inductor option, is a model of a project built by the real hook
 (parallel workers), installed in a fresh environment and loaded in a fresh
 process with no compiler: each is compared with eager at each dim's min, max and
 a size between, in the form `load_compiled` picks and in the artifact form.
+The models that load lean make one project, whose wheel is tagged `abi3` and is
+also loaded on another CPython under PyPI's (CUDA) build of the same torch
+release; the few that load only as artifacts make another, tagged for this
+Python alone. The two build at once, sharing the session's build cache.
 Architectures torch cannot capture are built alone and must fail with their
 recorded reason. `docs/battery.md` is generated from these results
 (`HATCH_PRECOMPILE_UPDATE_DOCS=1`), and the test fails when its table no longer
@@ -16,13 +20,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, Venv, no_compiler_env, run, write_project
+from conftest import REPO, Venv, no_compiler_env, pypi_venv, run, write_project
 
 sys.path.insert(0, str(Path(__file__).parent / "battery"))
 from architectures import ARCHITECTURES, OPTIONS, Architecture, sizes, table  # noqa: E402
@@ -33,11 +38,14 @@ pytestmark = pytest.mark.e2e
 MODELS = (Path(__file__).parent / "battery" / "models.py").read_text()
 DOCS = REPO / "docs" / "battery.md"
 BUILT = [a for a in [*ARCHITECTURES, *OPTIONS] if a.refused is None]
+# package -> the architectures its project declares: one wheel of lean forms, one of artifacts
+PACKAGES = {"battery": [a for a in BUILT if a.form == "lean"], "battery_artifacts": [a for a in BUILT if a.form == "artifact"]}
+PACKAGE_OF = {a.name: package for package, architectures in PACKAGES.items() for a in architectures}
+ELSEWHERE_PYTHON = "3.13"  # where the lean wheel is loaded again, under PyPI's torch
 
 # Compares every model with eager in one fresh process; prints a JSON report.
 COMPARE = r'''
-import json, sys, torch
-from battery import load_compiled, models
+import importlib, json, sys, torch
 
 def leaves(value):
     if isinstance(value, torch.Tensor):
@@ -72,8 +80,8 @@ report = {}
 for case in json.loads(sys.argv[1]):
     name, factory = case["name"], case["factory"]
     try:
-        compiled = load_compiled(name)
-        eager = getattr(models, factory)()
+        compiled = importlib.import_module(case["package"]).load_compiled(name)
+        eager = getattr(importlib.import_module(case["package"] + ".models"), factory)()
         low_precision = getattr(torch, case["dtype"]) if case["dtype"] else None
         worst, worst_error, worst_cosine = 0.0, 0.0, 1.0
         for index, size in enumerate(case["sizes"]):
@@ -107,6 +115,7 @@ print(json.dumps(report))
 @dataclass
 class Battery:
     env: Venv
+    wheels: dict[str, Path]  # package -> its wheel
     build_seconds: dict[str, float]  # model -> the hook's "done in" time
 
 
@@ -114,22 +123,30 @@ class Battery:
 def battery(tmp_path_factory: pytest.TempPathFactory, torch_venv: Venv) -> Battery:
     import transformers
 
-    project = write_project(tmp_path_factory.mktemp("battery"), "battery", MODELS, "jobs = 2\n" + table(BUILT, "battery"))
-    result = run([sys.executable, "-m", "build", "--wheel", "--no-isolation", str(project)])
-    log = result.stdout + result.stderr
-    seconds = {m: float(s) for m, s in re.findall(r"precompile: (\w+): done in ([\d.]+) s", log)}
-    (wheel,) = (project / "dist").glob("*.whl")
-    torch_venv.pip("--no-deps", "--reinstall", str(wheel))
+    root = tmp_path_factory.mktemp("battery")
+    builds = {}
+    for package, architectures in PACKAGES.items():
+        jobs = 2 if len(architectures) > 1 else 1
+        project = write_project(root / package, package, MODELS, f"jobs = {jobs}\n" + table(architectures, package))
+        command = [sys.executable, "-m", "build", "--wheel", "--no-isolation", str(project)]
+        builds[package] = (project, subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    wheels, seconds = {}, {}
+    for package, (project, process) in builds.items():
+        log = process.communicate()[0]
+        assert process.returncode == 0, f"the {package} project failed to build:\n{log[-5000:]}"
+        seconds.update({m: float(s) for m, s in re.findall(r"precompile: (\w+): done in ([\d.]+) s", log)})
+        (wheels[package],) = (project / "dist").glob("*.whl")
+        torch_venv.pip("--no-deps", "--reinstall", str(wheels[package]))
     torch_venv.pip(f"transformers=={transformers.__version__}")  # the eager models, and the output classes
-    return Battery(torch_venv, seconds)
+    return Battery(torch_venv, wheels, seconds)
 
 
-def compare(battery: Battery, tmp_path: Path, architectures: list[Architecture], **env: str) -> dict:
+def compare(env: Venv, tmp_path: Path, architectures: list[Architecture], **variables: str) -> dict:
     cases = [
-        {"name": a.name, "factory": a.factory, "inputs": a.inputs, "kwargs": a.kwargs, "sizes": sizes(a), "dtype": a.dtype}
+        {"name": a.name, "package": PACKAGE_OF[a.name], "factory": a.factory, "inputs": a.inputs, "kwargs": a.kwargs, "sizes": sizes(a), "dtype": a.dtype}
         for a in architectures
     ]
-    result = run([battery.env.python, "-c", COMPARE, json.dumps(cases)], env=no_compiler_env(tmp_path, **env), check=False)
+    result = run([env.python, "-c", COMPARE, json.dumps(cases)], env=no_compiler_env(tmp_path, **variables), check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     assert not (tmp_path / "compiler-used").exists()
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -141,7 +158,7 @@ def form(loaded: str) -> str:
 
 
 def test_every_architecture_and_option_matches_eager_in_the_form_it_loads_in(battery: Battery, tmp_path: Path) -> None:
-    report = compare(battery, tmp_path, BUILT)
+    report = compare(battery.env, tmp_path, BUILT)
     imported = report.pop("compiler modules imported")
     failures = {name: entry["error"] for name, entry in report.items() if "error" in entry}
     assert failures == {}
@@ -161,10 +178,31 @@ def test_every_architecture_and_option_matches_eager_in_the_form_it_loads_in(bat
 
 
 def test_every_architecture_and_option_matches_eager_in_the_artifact_form(battery: Battery, tmp_path: Path) -> None:
-    report = compare(battery, tmp_path, BUILT, HATCH_PRECOMPILE_FORM="artifact")
+    report = compare(battery.env, tmp_path, BUILT, HATCH_PRECOMPILE_FORM="artifact")
     report.pop("compiler modules imported")
     assert {name: entry.get("error") for name, entry in report.items()} == {a.name: None for a in BUILT}
     assert {form(entry["loaded"]) for entry in report.values()} == {"artifact"}
+
+
+def test_the_lean_wheel_is_abi3_and_loads_lean_on_another_python_under_pypis_build_of_the_release(
+    battery: Battery, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    """The same wheel file, installed by uv on CPython 3.13 with the `torch==X` its
+    metadata pins resolved from PyPI (the CUDA build), runs every lean model with
+    no compiler, as it does here. The artifacts' wheel names this Python alone."""
+    import transformers
+
+    python = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    assert f"-{python}-abi3-" in battery.wheels["battery"].name
+    assert f"-{python}-{python}-" in battery.wheels["battery_artifacts"].name
+    elsewhere = pypi_venv(tmp_path_factory.mktemp("battery-elsewhere") / "venv", ELSEWHERE_PYTHON)
+    elsewhere.pip(str(battery.wheels["battery"]), f"transformers=={transformers.__version__}")
+    found = elsewhere.script("import sys, torch; print(sys.version_info[:2], torch.version.cuda is not None)").stdout.strip()
+    assert found == f"({ELSEWHERE_PYTHON.replace('.', ', ')}) True", found
+    report = compare(elsewhere, tmp_path, PACKAGES["battery"])  # no compiler called: compare() checks the traps
+    report.pop("compiler modules imported")  # transformers' own `integrations.moe` (mixtral's op library) imports torch._dynamo
+    assert {name: entry.get("error") for name, entry in report.items()} == {a.name: None for a in PACKAGES["battery"]}
+    assert {form(entry["loaded"]) for entry in report.values()} == {"lean"}
 
 
 @pytest.mark.parametrize("architecture", [a for a in ARCHITECTURES if a.refused], ids=lambda a: a.name)

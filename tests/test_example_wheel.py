@@ -66,15 +66,28 @@ def _metadata(text: str) -> list[str]:
 
 
 @pytest.mark.release
-def test_wheel_is_tagged_for_this_python_and_torch_platform(example_build: ExampleBuild) -> None:
+def test_wheel_is_tagged_for_the_stable_abi_of_this_python_and_torchs_platform(example_build: ExampleBuild) -> None:
     tag = example_build.wheel.name.removesuffix(".whl").split("-", 2)[2]
     torch_wheel_info = importlib.metadata.distribution("torch").read_text("WHEEL")
     torch_platform = next(line for line in torch_wheel_info.splitlines() if line.startswith("Tag:")).rsplit("-", 1)[1]
     with zipfile.ZipFile(example_build.wheel) as wheel:
         wheel_info = wheel.read("example_pkg-0.1.0.dist-info/WHEEL").decode()
     py = f"cp{sys.version_info.major}{sys.version_info.minor}"
-    assert tag == f"{py}-{py}-{torch_platform}"
+    assert tag == f"{py}-abi3-{torch_platform}"
     assert "Root-Is-Purelib: false" in wheel_info
+
+
+@pytest.mark.release
+def test_every_shipped_kernel_uses_only_the_stable_abi_of_the_python_it_was_built_with(example_build: ExampleBuild) -> None:
+    """abi3audit (PyPA) reads each kernel's dynamic symbols against the stable ABI
+    of the wheel's tag: a kernel using a CPython function outside it, or one
+    added after 3.11, fails the audit."""
+    result = run([sys.executable, "-m", "abi3audit", "--strict", "--report", str(example_build.wheel)], check=False)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    (wheel,) = report["specs"].values()
+    audited = wheel["wheel"]
+    assert len(audited) >= 1 and all(kernel["result"]["non_abi3_symbols"] == [] for kernel in audited), audited
 
 
 @pytest.mark.release

@@ -163,6 +163,31 @@ def test_another_torch_or_python_is_never_loaded_and_both_sides_are_named(
     assert explained.endswith("; fallback: eager")
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "artifact_refusal"),
+    [
+        ("python", "3.10", "python differs: it needs that exact Python"),
+        ("torch", f"{torch.__version__.split('+')[0]}+cu130", "torch differs: it needs that exact build"),
+    ],
+)
+def test_the_lean_form_runs_under_a_later_python_and_another_build_of_the_release_and_the_artifact_form_does_not(
+    deploy_venv: Venv, package: Path, field: str, value: str, artifact_refusal: str
+) -> None:
+    """What a wheel built on an older CPython, or with another build of the same
+    torch release (CPU against CUDA), looks like to this process: the lean form's
+    stable-ABI kernels and output module run here, the artifact's pickle does not.
+    (tests/test_other_pythons.py loads a real wheel on real other Pythons and builds.)"""
+    manifest = manifest_of(package)
+    manifest["models"]["encoder"]["artifacts"][0]["built_with"][field] = value
+    reseal(package / "manifest.json", manifest)
+    lean = run_copy(deploy_venv, package)
+    assert lean.returncode == 0, lean.stderr[-2000:]
+    assert "<compiled model 'encoder' from encoder/cpu_avx2.py>" in lean.stdout
+    refused = run_copy(deploy_venv, package, FALLS_BACK, **ARTIFACT_FORM)
+    error = refused.stdout.strip().splitlines()[0]
+    assert "the lean form: HATCH_PRECOMPILE_FORM=artifact; the artifact form: " + artifact_refusal in error, error
+
+
 def test_fallback_policy_comes_from_the_call_then_the_environment_then_the_config(deploy_venv: Venv, package: Path) -> None:
     manifest = manifest_of(package)
     manifest["models"]["encoder"]["artifacts"][0]["built_with"]["torch"] = "2.14.1"

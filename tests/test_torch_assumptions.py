@@ -577,3 +577,42 @@ def test_custom_ops_defined_in_python_are_found_with_their_module_and_torchs_own
     targets = {str(node.target) for node in exported.graph_module.graph.nodes if node.op == "call_function"}
     assert any(target.startswith("prims.") for target in targets)  # torch's own Python-defined ops are in the graph
     assert torch_internals.python_op_libraries(exported) == {"hatch_precompile_test::twice": __name__}
+
+
+def _binding_source(prelude: str) -> str:
+    """A kernel's `main_code` as the build passes it (`prelude` first), with the
+    Python binding inductor appends to it (`load_pybinding_async`'s formatting)."""
+    from torch._inductor.codecache import CppPythonBindingsCodeCache as cls
+
+    argtypes = ["float*", "const float*", "int64_t", "uintptr_t", "float"]
+    parse = ", ".join(f"parse_arg<{argtype.replace('const ', '')}>(args, {n})" for n, argtype in enumerate(argtypes))
+    suffix = cls.suffix_template.format(
+        arg_len=len(argtypes),
+        call_entry_func=cls.call_entry_function.format(parse),
+        entry_func=cls.entry_function,
+        extra_parse_arg=cls.extra_parse_arg.format(array_len=-1),
+    )
+    kernel = '#include <cstdint>\nextern "C" void kernel(float* out, const float* in, int64_t n, uintptr_t, float scale) { out[0] = in[0] * n * scale; }\n'
+    return prelude + kernel + suffix
+
+
+def test_the_kernels_python_binding_builds_against_the_stable_abi_only_with_the_builds_prelude(tmp_path: Path) -> None:
+    """With `STABLE_ABI_PRELUDE` the binding compiles under Py_LIMITED_API; with the
+    limited API alone it does not (so the define is in effect, and these two
+    macros are what lies outside it)."""
+    import sysconfig
+
+    def compile_check(source: str) -> subprocess.CompletedProcess[str]:
+        path = tmp_path / "binding.cpp"
+        path.write_text(source)
+        command = ["g++", "-std=c++17", "-fsyntax-only", f"-I{sysconfig.get_paths()['include']}", str(path)]
+        return subprocess.run(command, capture_output=True, text=True)
+
+    built = compile_check(_binding_source(torch_internals.STABLE_ABI_PRELUDE))
+    assert built.returncode == 0, built.stderr[-3000:]
+    limited_only = torch_internals.STABLE_ABI_PRELUDE.splitlines()[0] + "\n"
+    assert limited_only.startswith(f"#define Py_LIMITED_API 0x{sys.version_info.major:02X}{sys.version_info.minor:02X}0000")
+    refused = compile_check(_binding_source(limited_only))
+    assert refused.returncode != 0 and "PyTuple_GET_ITEM" in refused.stderr and "PyTuple_GET_SIZE" in refused.stderr, refused.stderr[-3000:]
+    plain = compile_check(_binding_source(""))
+    assert plain.returncode == 0, plain.stderr[-3000:]

@@ -20,7 +20,7 @@ from ._errors import PrecompiledIntegrityError, PrecompiledModelError
 
 HERE = Path(__file__).resolve().parent
 MANIFEST = HERE / "manifest.json"
-MANIFEST_FORMAT = 4  # 4: weights carry per-chunk checksums of row sums (chunk_size, chunk_checksums)
+MANIFEST_FORMAT = 5  # 4: weights carry per-chunk checksums of row sums; 5: kernels are stable-ABI extensions
 _CONFIG_TABLE = ("tool", "hatch", "build", "hooks", "precompile")
 
 CPU_TARGET_VARIABLE = "HATCH_PRECOMPILE_CPU_TARGET"  # force one CPU target (if the CPU can run it)
@@ -137,9 +137,9 @@ def _choose(model: dict[str, Any]) -> tuple[list[Choice], str]:
     """The variants (every shape) of the best CPU target this process can run, each
     in the form to load, or none and why none fits.
 
-    The torch build is compared by version (with its local label, e.g. +cpu) and
-    git revision: the artifact's exact key, torch_key(), hashes every torch source
-    file and costs a second to compute."""
+    The two forms need different things of the process (`form_problems`). The
+    torch build is compared by version and git revision: the artifact's exact
+    key, torch_key(), hashes every torch source file and costs a second to compute."""
     here = _running_environment()
     form = requested_form()
     targets: dict[str, list[dict[str, Any]]] = {}
@@ -154,18 +154,22 @@ def _choose(model: dict[str, Any]) -> tuple[list[Choice], str]:
     for target, artifacts in targets.items():
         first = artifacts[0]  # the variants of one target share their requirements
         built = first["built_with"]
-        problems = [f"{what} differs" for what in ("torch", "torch_git", "python", "platform") if built[what] != here[what]]
+        problems = ["platform differs"] if built["platform"] != here["platform"] else []
         missing = sorted(set(first["cpu_features"]) - here["cpu_features"])
         if missing:
             problems.append(f"CPU lacks {', '.join(missing)}")
         if _aten_level(first["aten_capability"]) > _aten_level(here["aten_capability"]):
             problems.append(f"torch runs {here['aten_capability']} kernels here, not {first['aten_capability']} (see ATEN_CPU_CAPABILITY)")
         problems += native_problems(first["native"])
-        refused = [a for a in artifacts if "file" not in a["lean"]]
-        if form == "lean" and refused:
-            problems.append(f"{FORM_VARIABLE}=lean but the build refused the lean form of {refused[0]['file']}: {refused[0]['lean']['refused']}")
         if not problems:
-            return [Choice(a, "lean" if form != "artifact" and "file" in a["lean"] else "artifact") for a in artifacts], ""
+            forms = form_problems(built, here, form)
+            chosen = [_form_for(artifact, forms) for artifact in artifacts]
+            if None not in chosen:
+                return [Choice(artifact, how) for artifact, how in zip(artifacts, chosen)], ""
+            unfit = artifacts[chosen.index(None)]
+            refused = unfit["lean"].get("refused")
+            lean = forms["lean"] or [f"the build refused it for {unfit['file']}: {refused}"]
+            problems.append(f"the lean form: {', '.join(lean)}; the artifact form: {', '.join(forms['artifact'])}")
         reasons.append(
             f"{first['file']} was built with torch {built['torch']} ({built['torch_git'][:12]}) on "
             f"cp{built['python'].replace('.', '')} {built['platform']} for {target}: " + ", ".join(problems)
@@ -176,6 +180,44 @@ def _choose(model: dict[str, Any]) -> tuple[list[Choice], str]:
         f"{here['platform']} with {here['aten_capability']} kernels and CPU features: {found}"
     )
     return [], f"no shipped artifact fits this process: {'; '.join(reasons)}; {running}"
+
+
+def form_problems(built: dict[str, Any], here: dict[str, Any], requested: str) -> dict[str, list[str]]:
+    """Why each form ("lean", "artifact") cannot run here, given the torch and
+    Python the variants were built with; an empty list where it can.
+
+    The lean form runs inductor's output module (Python source) with kernels that
+    are stable-ABI extensions of the Python they were built with: it needs the
+    same torch release and git revision (aten's op signatures, the output
+    module's helpers) and that Python or a later one, and it runs under any build
+    of that release (+cpu, CUDA: the local label). The artifact form unpickles
+    inductor's objects, so it needs exactly the torch build and Python it was made with."""
+    same_release = _release(built["torch"]) == _release(here["torch"])
+    lean, artifact = [], []
+    if requested == "artifact":
+        lean.append(f"{FORM_VARIABLE}=artifact")
+    if not same_release:
+        lean.append("torch differs")
+    if built["torch_git"] != here["torch_git"]:
+        lean.append("torch_git differs")
+    if _numbers(here["python"]) < _numbers(built["python"]):
+        lean.append(f"python differs: its kernels need CPython {built['python']} or later")
+    if requested == "lean":
+        artifact.append(f"{FORM_VARIABLE}=lean")
+    if built["torch"] != here["torch"]:
+        artifact.append("torch differs" + (": it needs that exact build" if same_release else ""))
+    if built["torch_git"] != here["torch_git"]:
+        artifact.append("torch_git differs")
+    if built["python"] != here["python"]:
+        artifact.append("python differs: it needs that exact Python")
+    return {"lean": lean, "artifact": artifact}
+
+
+def _form_for(artifact: dict[str, Any], forms: dict[str, list[str]]) -> str | None:
+    """The form one variant loads in: lean where the build shipped it and it fits, else the artifact if that fits."""
+    if "file" in artifact["lean"] and not forms["lean"]:
+        return "lean"
+    return "artifact" if not forms["artifact"] else None
 
 
 def native_problems(native: dict[str, Any]) -> list[str]:
@@ -201,6 +243,11 @@ def _libstdcxx_lacking(version: str) -> Path | None:
     if library is not None and f"GLIBCXX_{version}\0".encode() not in library.read_bytes():
         return library
     return None
+
+
+def _release(torch_version: str) -> str:
+    """A torch version without its local label: '2.13.0+cpu' -> '2.13.0'."""
+    return torch_version.split("+")[0]
 
 
 def _numbers(version: str) -> tuple[int, ...]:
