@@ -65,9 +65,10 @@ What it relies on (measured on torch 2.13):
 - The Python binding inductor appends to each kernel's `main_code`
   (`CppPythonBindingsCodeCache.suffix_template`) includes `Python.h` itself, after
   the code it is given, and uses only the stable ABI (the limited API of 3.11:
-  `PyTuple_CheckExact`, `PyLong_AsSsize_t`, `PyModule_Create`, ...) but for two
-  macros, `PyTuple_GET_ITEM` and `PyTuple_GET_SIZE`, whose stable-ABI functions
-  (`PyTuple_GetItem`, `PyTuple_Size`) take the same arguments. The kernel code
+  `PyTuple_CheckExact`, `PyLong_AsSsize_t`, `PyModule_Create`, ...) but, in 2.13,
+  for two macros, `PyTuple_GET_ITEM` and `PyTuple_GET_SIZE`, whose stable-ABI
+  functions (`PyTuple_GetItem`, `PyTuple_Size`) take the same arguments (2.15's
+  binding takes METH_FASTCALL arguments and uses neither). The kernel code
   and the precompiled header (`cpp_prefix.h`) include no Python header. So a
   kernel whose `main_code` starts with `STABLE_ABI_PRELUDE` is built against the
   limited API: the compile itself fails if the binding uses anything else, and
