@@ -2,8 +2,9 @@
 # Developer entry point. On a fresh machine:
 #   ./dev.sh demo          build the example wheel with the hook, install it in a fresh
 #                          environment, and time the compiled encoder against eager
-#   ./dev.sh test          what CI runs: the test suite on the default torch and, beside it,
-#                          the release leg on every other supported torch release
+#   ./dev.sh test          what CI runs: lint and types, then the test suite on the default
+#                          torch and, beside it, the release leg on every other supported torch release
+#   ./dev.sh lint          ruff and mypy only (configured in pyproject.toml)
 #   ./dev.sh test ARGS     the test suite only, with pytest ARGS (e.g. -m "not e2e")
 #   ./dev.sh leg RELEASE   the release leg on torch==RELEASE: the tests marked
 #                          `release` (torch assumptions, example wheel end to end)
@@ -129,6 +130,12 @@ bench_build() {
   "$VENV/bin/python" benchmarks/build_time.py "$@"
 }
 
+lint() {  # ruff over the repository, mypy over the plugin and the loader (pyproject.toml)
+  echo "== lint (ruff) and types (mypy)"
+  .venv/bin/ruff check .
+  .venv/bin/mypy
+}
+
 test_suite() {
   setup
   "$VENV/bin/python" -m pytest "$@"
@@ -154,6 +161,7 @@ case "${1:-}" in
       test_suite "$@"
     else
       setup
+      lint
       # The release legs run beside the default suite, which leaves a core idle
       # much of the time (installs, fresh interpreters, one-worker builds): one
       # after the other, each in its own environment (made by uv, which links
@@ -179,8 +187,9 @@ case "${1:-}" in
       [ "$suite" -eq 0 ] && [ "$legs_status" -eq 0 ]
     fi
     ;;
+  lint) default_environment && lint ;;
   leg) default_environment && leg "${2:?usage: ./dev.sh leg RELEASE, e.g. 2.15.0}" ;;
   bench) shift; bench "$@" ;;
   bench-build) shift; bench_build "$@" ;;
-  *) echo "usage: ./dev.sh demo | test [pytest args] | leg RELEASE | bench [benchmark args] | bench-build [benchmark args]" >&2; exit 2 ;;
+  *) echo "usage: ./dev.sh demo | test [pytest args] | lint | leg RELEASE | bench [benchmark args] | bench-build [benchmark args]" >&2; exit 2 ;;
 esac

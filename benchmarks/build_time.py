@@ -229,7 +229,7 @@ def main() -> None:
     print("| case | build, s | hook, s | hook vs | peak RSS, MB |")
     print("|---|---|---|---|---|")
     for case in CASES:
-        walls, hooks, rss = zip(*runs[case])
+        walls, hooks, rss = zip(*runs[case], strict=True)
         versus = f"{hook[case] / hook[BASELINE[case]]:.2f}x {BASELINE[case]}" if case in BASELINE else ""
         print(f"| {case} | {spread(list(walls))} | {spread(list(hooks))} | {versus} | {max(rss)} |")
     print(f"parallel: 2 workers compile the cold build {hook[CASES[0]] / hook[CASES[1]]:.2f}x as fast as 1")

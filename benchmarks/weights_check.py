@@ -22,14 +22,15 @@ import statistics
 import sys
 import time
 import zlib
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from hatch_precompile.runtime._integrity import CHUNK_SIZE, chunk_checksums, torch_row_sums  # noqa: E402
+from hatch_precompile.runtime._integrity import CHUNK_SIZE, chunk_checksums, torch_row_sums
 
 
 def touch_pages(mapping: mmap.mmap) -> None:

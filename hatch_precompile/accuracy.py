@@ -93,7 +93,7 @@ def check_accuracy(
         raise ModelBuildError(name, step, f"{len(compiled)} compiled outputs, {len(eager)} eager ones")
     against = "float32 eager" if reference is not None else "eager"
     bounds = bounds_for(model)
-    records = []
+    records: list[dict[str, float | bool]] = []
     for index, (c, e, r) in enumerate(zip(compiled, eager, reference or eager)):
         if not c.is_floating_point():
             if not torch.equal(c, e):

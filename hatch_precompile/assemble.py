@@ -101,9 +101,9 @@ def assemble(staging: Path, package: str, fallback: dict[str, str], entries: dic
         shutil.copyfile(RUNTIME_DIR / name, staging / name)
 
     models = {}
-    for model, entry in entries.items():
+    for model, compiled in entries.items():
         model_dir = staging / model
-        entry = {**entry, "fallback": fallback[model]}
+        entry = {**compiled, "fallback": fallback[model]}
         if "file" in entry["weights"]:
             entry["weights"] = {**entry["weights"], "file": f"{model}/{entry['weights']['file']}"}
             weights = staging / entry["weights"]["file"]

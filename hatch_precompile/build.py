@@ -13,9 +13,9 @@ import shutil
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from .assemble import PRECOMPILED_DIR, assemble, runtime_requirements, torch_version, wheel_tag
 from .cache import EntryStore, default_cache_dir

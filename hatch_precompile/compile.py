@@ -25,8 +25,8 @@ from .capture import Captured, _torch_error
 from .errors import ModelBuildError
 from .key import artifact_key, build_environment
 from .lean import LeanCandidate, LeanRefused, rewrite
-from .runtime import _torch_private
 from .native import UnprovidedLibraryError, read_needs, system_needs, torch_libraries
+from .runtime import _torch_private
 from .targets import CPU_TARGETS, CpuTarget, features_from_flags, is_x86_64
 from .weights import lifted_weights
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import csv
+import functools
 import gzip
 import hashlib
 import io
@@ -121,7 +122,7 @@ def rewrite_wheel(
             if replace is not None and name.startswith(replace):
                 continue  # the staged files are the whole of `_precompiled/`, whatever setuptools collected there
             executable = bool((info.external_attr >> 16) & 0o100)
-            entries[name] = _Entry(info.file_size, executable, lambda name=name: source.open(name))
+            entries[name] = _Entry(info.file_size, executable, functools.partial(source.open, name))
         entries[f"{dist_info}/METADATA"] = _bytes_entry(with_requirements(source.read(f"{dist_info}/METADATA"), requirements))
         if tag is not None:
             entries[f"{dist_info}/WHEEL"] = _bytes_entry(_with_tag(source.read(f"{dist_info}/WHEEL"), tag))

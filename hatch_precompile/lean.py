@@ -70,9 +70,7 @@ def rewrite(source: str, built_kernels: set[str], title: str) -> LeanModule:
     if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
         edits.append((body[0], ""))
     for statement in body:
-        if isinstance(statement, ast.FunctionDef) and statement.name in _BENCHMARK_HARNESS:
-            edits.append((statement, ""))
-        elif isinstance(statement, ast.If) and "__main__" in ast.unparse(statement.test):
+        if (isinstance(statement, ast.FunctionDef) and statement.name in _BENCHMARK_HARNESS) or (isinstance(statement, ast.If) and "__main__" in ast.unparse(statement.test)):
             edits.append((statement, ""))
         elif isinstance(statement, ast.ImportFrom) and statement.module in _COMPILER_IMPORTS:
             for alias in statement.names:
@@ -157,8 +155,8 @@ def _apply(source: str, edits: list[tuple[ast.AST, str]]) -> str:
         if replacement == "" and data[end : end + 1] == b"\n":
             end += 1
         spans.append((start, end, replacement.encode()))
-    for start, end, replacement in sorted(spans, reverse=True):
-        data = data[:start] + replacement + data[end:]
+    for start, end, encoded in sorted(spans, reverse=True):
+        data = data[:start] + encoded + data[end:]
     return data.decode()
 
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import importlib.metadata
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 _MANYLINUX = re.compile(r"^manylinux_(\d+)_(\d+)_(\w+)$")
 _PYTHON_LIBRARY = re.compile(r"^libpython3\.\d+")
@@ -46,10 +46,10 @@ def read_needs(path: Path) -> KernelNeeds:
         elf = ELFFile(stream)
         for section in elf.iter_sections():
             if isinstance(section, DynamicSection):
-                libraries += [tag.needed for tag in section.iter_tags() if tag.entry.d_tag == "DT_NEEDED"]
+                libraries += [tag.needed for tag in section.iter_tags() if tag.entry.d_tag == "DT_NEEDED"]  # type: ignore[attr-defined]  # set on DT_NEEDED tags
             elif isinstance(section, GNUVerNeedSection):
                 for needed, auxiliaries in section.iter_versions():
-                    versions[needed.name] = tuple(sorted(aux.name for aux in auxiliaries))
+                    versions[str(needed.name)] = tuple(sorted(str(aux.name) for aux in auxiliaries))
     return KernelNeeds(path.name, tuple(libraries), versions)
 
 

@@ -87,14 +87,14 @@ import os
 import shlex
 import sys
 import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 
 from .runtime._torch_private import bind_arguments, kernel_key
-
 
 # Modules that decompositions in inductor's table use as `torch._inductor.<module>.<name>`
 # without importing them (`torch._inductor.lowering.should_fallback_max_pool_with_indices`).
@@ -303,11 +303,11 @@ def captured_kernels() -> Iterator[dict[str, Callable[[], str]]]:
         built[key] = lambda: get_entry().__self__.__file__  # the entry function's module
         return get_entry
 
-    cls.load_pybinding_async = classmethod(record)
+    cls.load_pybinding_async = classmethod(record)  # type: ignore[method-assign,assignment]  # restored below
     try:
         yield built
     finally:
-        cls.load_pybinding_async = classmethod(original)
+        cls.load_pybinding_async = classmethod(original)  # type: ignore[method-assign,assignment]
 
 
 # Builds a kernel's binding against the stable ABI of this CPython and later ones
@@ -414,7 +414,7 @@ def _draws_random_numbers(node: torch.fx.Node) -> bool:
         return True
     index = names.index("dropout_p")
     dropout = node.args[index] if index < len(node.args) else node.kwargs.get("dropout_p", 0.0)
-    return dropout != 0
+    return bool(dropout != 0)
 
 
 def python_op_libraries(exported: torch.export.ExportedProgram) -> dict[str, str]:
@@ -424,10 +424,12 @@ def python_op_libraries(exported: torch.export.ExportedProgram) -> dict[str, str
     run. torch's own (its prims) are there once torch is imported."""
     from torch._library.custom_ops import OPDEFS
 
-    found = {}
+    found: dict[str, str] = {}
     for node in exported.graph_module.graph.nodes:
         name = getattr(getattr(node.target, "_schema", None), "name", None) if node.op == "call_function" else None
-        module = OPDEFS[name]._init_fn.__module__ if name in OPDEFS else "torch"
+        if not isinstance(name, str) or name not in OPDEFS:
+            continue  # not an op call, or one of torch's own
+        module = OPDEFS[name]._init_fn.__module__
         if module.partition(".")[0] != "torch":
             found[name] = module
     return dict(sorted(found.items()))

@@ -20,12 +20,14 @@ import shutil
 import sys
 import time
 import traceback
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .cache import ArtifactSources
+    from .capture import Captured
     from .compile import ProducedArtifact
 
 PROGRESS_PREFIX = "@hatch-precompile-progress "
@@ -69,7 +71,8 @@ def _produce(model: dict[str, Any], out_dir: Path, sources: ArtifactSources) -> 
     with _step("built the module"):
         module, reference = build_module(model)
     produced: list[ProducedArtifact] = []
-    first = weights = None
+    first: Captured | None = None
+    weights: dict[str, Any] = {}
     for fixed in shape_variants(model):
         shape = ", ".join(f"{dim}={size}" for dim, size in fixed.items()) or "dynamic dims"
         with _step(f"captured with torch.export ({shape})"):

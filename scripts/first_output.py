@@ -40,7 +40,7 @@ def main() -> None:
         rows.append((case, json.loads(out.stdout)))
     print(f"{'case':<10} {'first output (s)':>17}  {'embedding shape':<16} model")
     for case, row in rows:
-        print(f"{case:<10} {row['seconds']:>17.2f}  {str(row['shape']):<16} {row['model']}")
+        print(f"{case:<10} {row['seconds']:>17.2f}  {row['shape']!s:<16} {row['model']}")
 
 
 if __name__ == "__main__":

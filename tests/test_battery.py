@@ -30,8 +30,8 @@ import pytest
 from conftest import REPO, Venv, no_compiler_env, pypi_venv, run, write_project
 
 sys.path.insert(0, str(Path(__file__).parent / "battery"))
-from architectures import ARCHITECTURES, OPTIONS, Architecture, sizes, table  # noqa: E402
-from report import render, summary_rows  # noqa: E402
+from architectures import ARCHITECTURES, OPTIONS, Architecture, sizes, table
+from report import render, summary_rows
 
 pytestmark = pytest.mark.e2e
 

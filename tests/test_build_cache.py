@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run, write_project
 from hatch_precompile.assemble import RUNTIME_FILES
+
+from conftest import run, write_project
 
 pytestmark = pytest.mark.e2e
 

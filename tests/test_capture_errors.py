@@ -35,7 +35,7 @@ def capture_error(module: nn.Module, inputs: list[dict[str, Any]], dims: dict[st
 
 def torch_text(message: str) -> str:
     """What follows the "torch's message:" line, which must be torch's own error."""
-    ours, marker, theirs = message.partition("\n\ntorch's message:\n")
+    _, marker, theirs = message.partition("\n\ntorch's message:\n")
     assert marker, message
     assert theirs.startswith("UserError: Constraints violated"), theirs
     return theirs

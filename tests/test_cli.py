@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLE, REPO, ExampleBuild, reseal
 from hatch_precompile.assemble import RUNTIME_DIR, RUNTIME_FILES
 from hatch_precompile.cli import main
+
+from conftest import EXAMPLE, REPO, ExampleBuild, reseal
 
 PRECOMPILED = "example_pkg/_precompiled/"
 
@@ -69,8 +70,9 @@ def _updated_record(record: str, changes: dict[str, bytes]) -> str:
         name = line.split(",")[0]
         if name in changes:
             digest = base64.urlsafe_b64encode(hashlib.sha256(changes[name]).digest()).rstrip(b"=").decode()
-            line = f"{name},sha256={digest},{len(changes[name])}"
-        lines.append(line)
+            lines.append(f"{name},sha256={digest},{len(changes[name])}")
+        else:
+            lines.append(line)
     return "\n".join(lines) + "\n"
 
 

@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import EXAMPLE, REPO, ExampleBuild, Venv, isolated_build, no_compiler_env, pin_build_torch, run, with_find_links
 from hatch_precompile.assemble import RUNTIME_FILES
+
+from conftest import EXAMPLE, REPO, ExampleBuild, Venv, isolated_build, no_compiler_env, pin_build_torch, run, with_find_links
 
 pytestmark = pytest.mark.e2e
 

@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import Venv, no_compiler_env, reseal
 from hatch_precompile.runtime import MANIFEST_FORMAT
+
+from conftest import Venv, no_compiler_env, reseal
 
 pytestmark = pytest.mark.e2e
 

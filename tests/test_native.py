@@ -5,13 +5,15 @@ needs above torch's own tag."""
 from __future__ import annotations
 
 import json
+import re
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from conftest import ExampleBuild
 from hatch_precompile.native import KernelNeeds, UnprovidedLibraryError, read_needs, stricter_platform, system_needs, torch_libraries
+
+from conftest import ExampleBuild
 
 C_RUNTIMES = {"libc.so.6", "libm.so.6", "libgcc_s.so.1", "libstdc++.so.6"}
 
@@ -65,5 +67,5 @@ def test_versions_needed_from_torchs_own_libraries_do_not_count() -> None:
 
 def test_a_kernel_linking_a_library_nobody_provides_is_refused_by_name() -> None:
     kernel = KernelNeeds("abc.so", ("libtorch_cpu.so", "libfoo.so.3"), {})
-    with pytest.raises(UnprovidedLibraryError, match="compiled kernel abc.so links libfoo.so.3, which neither torch's wheel"):
+    with pytest.raises(UnprovidedLibraryError, match=re.escape("compiled kernel abc.so links libfoo.so.3, which neither torch's wheel")):
         system_needs([kernel], torch_libraries())

@@ -26,9 +26,10 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from conftest import REPO, ExampleBuild, Venv, build_sdist_and_wheel, deploy, no_compiler_env, pin_build_torch, run
 from hatch_precompile.assemble import RUNTIME_FILES
 from hatch_precompile.distfiles import rewrite_wheel, with_requirements
+
+from conftest import REPO, ExampleBuild, Venv, build_sdist_and_wheel, deploy, no_compiler_env, pin_build_torch, run
 
 EXAMPLE_ST = REPO / "example_setuptools"
 PRECOMPILED = "example_st/_precompiled/"

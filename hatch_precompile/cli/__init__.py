@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ._common import ERROR, CommandError
 from .project import check, compile_part, init

@@ -46,9 +46,9 @@ def compile_part(args: argparse.Namespace) -> int:
     exit status: 0 the part is written; 1 a model failed to build;
     2 the arguments or the configuration are wrong.
     """
+    from ..build import compile_part as compile_into
     from ..config import ConfigError
     from ..errors import ModelBuildError
-    from ..build import compile_part as compile_into
 
     def listed(value: str | None) -> list[str] | None:
         return [item.strip() for item in value.split(",") if item.strip()] if value else None
@@ -138,7 +138,7 @@ def _build_system_warnings(build_system: dict[str, Any]) -> list[str]:
         warnings.append(
             f"build-system.build-backend is {backend!r}: models are compiled only under {' or '.join(map(repr, BACKENDS))}"
         )
-    requirements = {}
+    requirements: dict[str, Requirement] = {}
     listed = build_system.get("requires", [])
     for text in listed if isinstance(listed, list) else []:
         try:
@@ -147,8 +147,9 @@ def _build_system_warnings(build_system: dict[str, Any]) -> list[str]:
             warnings.append(f"build-system.requires: {error}")
             continue
         requirements[canonicalize_name(requirement.name)] = requirement
-    if BACKENDS.get(backend) and BACKENDS[backend] not in requirements:
-        warnings.append(f"build-system.requires lacks {BACKENDS[backend]!r}, which {backend!r} needs")
+    needed = BACKENDS.get(backend) if isinstance(backend, str) else None
+    if needed and needed not in requirements:
+        warnings.append(f"build-system.requires lacks {needed!r}, which {backend!r} needs")
     if "hatch-precompile" not in requirements:
         warnings.append("build-system.requires lacks 'hatch-precompile': an isolated build cannot find the precompile hook")
     torch = requirements.get("torch")

@@ -19,11 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from ..assemble import PRECOMPILED_DIR  # no torch: assemble reads what it needs from distribution metadata
-
 from ..distfiles import record_hash
 from ._common import FAILED, OK, CommandError, field_lines, print_json, table
-
-
 
 
 @dataclass

@@ -55,7 +55,8 @@ from __future__ import annotations
 
 import threading
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from . import _artifact, _lean
 from ._contract import check_inputs, conform_layouts, flatten_call, unflatten
@@ -64,7 +65,7 @@ from ._manifest import MANIFEST_FORMAT, Choice, Plan, fallback_policy, plan, rea
 from ._ops import OpLibraryError, import_op_libraries
 from ._weights import bind_weights, build_module, read_weights
 
-__all__ = ["load_compiled", "explain", "PrecompiledModelError", "PrecompiledIntegrityError", "PrecompiledFallbackWarning"]
+__all__ = ["PrecompiledFallbackWarning", "PrecompiledIntegrityError", "PrecompiledModelError", "explain", "load_compiled"]
 __all__ += ["MANIFEST_FORMAT"]  # read by the build, which writes manifests in this format
 
 OUTPUT_FORMS = ("classes", "plain")

@@ -90,11 +90,12 @@ def conform_layouts(specs: list[dict[str, Any]], values: list[Any]) -> list[Any]
     import torch
 
     conformed = []
-    for spec, value in zip(specs, values):
+    for spec, given in zip(specs, values):
+        value = given
         if "value" not in spec:
             layout = torch.channels_last if spec.get("layout") == "channels_last" else torch.contiguous_format
-            if not value.is_contiguous(memory_format=layout):
-                value = value.clone(memory_format=layout)
+            if not given.is_contiguous(memory_format=layout):
+                value = given.clone(memory_format=layout)
         conformed.append(value)
     return conformed
 

@@ -33,8 +33,9 @@ import hashlib
 import mmap
 import os
 import zlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ._cache import private_cache_dir
 from ._errors import PrecompiledIntegrityError, PrecompiledModelError
@@ -101,7 +102,7 @@ def verified_weights(record: dict[str, Any]) -> mmap.mmap:
     return mapping
 
 
-def chunk_checksums(data: Any, chunk_size: int, row_sums: Callable[[Any, int], bytes]) -> list[int]:
+def chunk_checksums(data: Any, chunk_size: int, row_sums: Callable[[Any, int], bytes | bytearray]) -> list[int]:
     """Each `chunk_size` bytes' checksum: the CRC-32 of its rows' sums, then of
     the bytes after the buffer's last whole row. `row_sums(data, rows)` gives the
     sums of the first `rows` rows (ROW_SIZE bytes each, as little-endian 64-bit
@@ -121,7 +122,7 @@ def chunk_checksums(data: Any, chunk_size: int, row_sums: Callable[[Any, int], b
         return checksums
 
 
-def torch_row_sums(data: Any, rows: int) -> bytes:
+def torch_row_sums(data: Any, rows: int) -> bytearray:
     """`chunk_checksums`' row sums by torch, on every core, reading through
     `data` itself: for the weights, the mapping their tensors then view, so the
     check's page faults are ones the first call would take anyway."""

@@ -10,8 +10,9 @@ neither `torch._inductor` nor `torch._dynamo` is imported.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from . import _torch_private
 from ._errors import PrecompiledIntegrityError

@@ -164,8 +164,9 @@ def _choose(model: dict[str, Any]) -> tuple[list[Choice], str]:
         if not problems:
             forms = form_problems(built, here, form)
             chosen = [_form_for(artifact, forms) for artifact in artifacts]
-            if None not in chosen:
-                return [Choice(artifact, how) for artifact, how in zip(artifacts, chosen)], ""
+            choices = [Choice(artifact, how) for artifact, how in zip(artifacts, chosen) if how is not None]
+            if len(choices) == len(artifacts):
+                return choices, ""
             unfit = artifacts[chosen.index(None)]
             refused = unfit["lean"].get("refused")
             lean = forms["lean"] or [f"the build refused it for {unfit['file']}: {refused}"]

@@ -52,9 +52,10 @@ import json
 import os
 import sys
 import zlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable, Iterator
+from typing import Any
 
 ARTIFACT_HEADER = b"AOTCompiledArtifact"
 _CRC_SIZE = 4
@@ -129,7 +130,7 @@ def load_kernel(path: Path, key: str) -> Callable[..., Any]:
     Raises ImportError (the dynamic loader's message) if it cannot be loaded."""
     import torch
 
-    os.environ[KERNEL_INIT_VARIABLE] = str(torch._C._dynamo.guards._torchinductor_pyobject_tensor_data_ptr)
+    os.environ[KERNEL_INIT_VARIABLE] = str(torch._C._dynamo.guards._torchinductor_pyobject_tensor_data_ptr)  # type: ignore[attr-defined]  # not in torch's stubs
     module_name = f"hatch_precompile_{key}.{KERNEL_ENTRY}"
     module = sys.modules.get(module_name)
     if module is None:
@@ -157,11 +158,11 @@ def shipped_kernels(kernels: dict[str, Path]) -> Iterator[None]:
         entry = load_kernel(kernels[key], key)
         return lambda: entry
 
-    cls.load_pybinding_async = classmethod(load_shipped)
+    cls.load_pybinding_async = classmethod(load_shipped)  # type: ignore[method-assign,assignment]  # restored below
     try:
         yield
     finally:
-        cls.load_pybinding_async = classmethod(original)
+        cls.load_pybinding_async = classmethod(original)  # type: ignore[method-assign,assignment]
 
 
 def bind_arguments(signature: inspect.Signature, cls: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
