@@ -20,7 +20,7 @@ from packaging.version import Version
 from . import __version__
 from .native import stricter_platform
 from .runtime import MANIFEST_FORMAT
-from .runtime._integrity import CHUNK_SIZE, ROW_SIZE, chunk_checksums
+from .runtime._integrity import CHUNK_SIZE, ROW_SIZE, chunk_checksums, file_sha256
 
 RUNTIME_DIR = Path(__file__).parent / "runtime"
 # The files of `runtime/` that go into every wheel, as `<package>/_precompiled/<name>`.
@@ -71,8 +71,7 @@ def _torch_platform_tag() -> str | None:
 
 
 def file_record(path: Path) -> dict[str, Any]:
-    with path.open("rb") as stream:
-        return {"size": path.stat().st_size, "sha256": hashlib.file_digest(stream, "sha256").hexdigest()}
+    return {"size": path.stat().st_size, "sha256": file_sha256(path)}
 
 
 def weights_checksums(data: Any, chunk_size: int = CHUNK_SIZE) -> list[int]:

@@ -8,7 +8,6 @@ torch here: compile work happens in the workers (`jobs.py`).
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 import time
@@ -18,12 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .assemble import PRECOMPILED_DIR, assemble, runtime_requirements, torch_version, wheel_tag
-from .cache import EntryStore, default_cache_dir
+from .cache import EntryStore
 from .config import ConfigError, PrecompileConfig, parse_config
 from .errors import BuildEnvironmentError
-from .jobs import JOBS_VARIABLE, BuildPlan, CompiledModel, compile_models, default_jobs
-from .parts import choose, parts_from_environment, read_parts, write_part_file
+from .jobs import BuildPlan, BuiltModel, compile_models, default_jobs
+from .parts import choose, read_parts, write_part_file
 from .project import find_package, import_paths, read_table, write_source_loader
+from .settings import resolve_settings
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,9 @@ class Reporter:
     info: Callable[[str], None]
     success: Callable[[str], None]
     warning: Callable[[str], None]
+
+
+EDITABLE_MESSAGE = "precompile: editable install, models are not compiled; load_compiled() falls back per `fallback`"
 
 
 @dataclass(frozen=True)
@@ -77,14 +80,15 @@ def ready_source(root: Path, config: PrecompileConfig, report: Reporter) -> tupl
 def precompile(root: Path, config: PrecompileConfig, package: str, package_dir: Path, staging: Path, report: Reporter) -> Precompiled:
     """Compile every model (from parts and the build cache where they hold it)
     into `staging`, and lay out the wheel's `_precompiled/` there."""
-    claims = read_parts(parts_from_environment(), config)
+    settings = resolve_settings(config)
+    claims = read_parts(settings.parts, config)
     report.info(f"precompile: compiling with torch {torch_version()}; the wheel requires {runtime_requirements()[0]}")
-    cache = _build_cache()
+    cache = EntryStore(settings.cache) if settings.cache else None
     plan = BuildPlan(
         root=root,
         import_paths=import_paths(root, package_dir),
         staging=staging,
-        jobs=_jobs_setting(config) or default_jobs(len(config.models)),
+        jobs=settings.jobs or default_jobs(len(config.models)),
         cache=cache,
         keep=cache,
         claims=claims,
@@ -112,6 +116,7 @@ def compile_part(
     """Compile the chosen models (all by default) for the chosen CPU targets (each
     model's own by default) of the project at `project` into the new folder `out`."""
     config = parse_config(read_table(project))
+    settings = resolve_settings(config, jobs=jobs)
     chosen = choose(config, models, cpu_targets)
     if out.exists() and any(out.iterdir()):
         raise ConfigError([f"--out {out}: not empty; give each part a new folder"])
@@ -124,8 +129,8 @@ def compile_part(
             root=project,
             import_paths=import_paths(project, package_dir),
             staging=staging,
-            jobs=jobs or _jobs_setting(config) or default_jobs(len(chosen)),
-            cache=_build_cache(),
+            jobs=settings.jobs or default_jobs(len(chosen)),
+            cache=EntryStore(settings.cache) if settings.cache else None,
             keep=EntryStore(out),
             claims={},
         )
@@ -138,23 +143,7 @@ def compile_part(
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _build_cache() -> EntryStore | None:
-    """The user's build cache, None when turned off."""
-    folder = default_cache_dir()
-    return EntryStore(folder) if folder else None
-
-
-def _origins(compiled: dict[str, CompiledModel]) -> str:
+def _origins(compiled: dict[str, BuiltModel]) -> str:
     """How many artifacts were compiled, cached or taken from parts: '2 compiled, 1 cached'."""
     counts = Counter(origin.split()[0] for model in compiled.values() for origin in model.origins.values())
     return ", ".join(f"{n} {'from parts' if kind == 'part' else kind}" for kind, n in sorted(counts.items()))
-
-
-def _jobs_setting(config: PrecompileConfig) -> int | None:
-    """$HATCH_PRECOMPILE_JOBS, else the table's `jobs`, else None (by the machine)."""
-    value = os.environ.get(JOBS_VARIABLE)
-    if value is None:
-        return config.jobs
-    if not value.isdigit() or int(value) < 1:
-        raise ConfigError([f"{JOBS_VARIABLE}: expected a whole number of workers, 1 or more, found {value!r}"])
-    return int(value)

@@ -29,19 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from .assemble import KERNELS_DIR, kernel_file
+from .runtime._integrity import file_sha256
 
-CACHE_VARIABLE = "HATCH_PRECOMPILE_BUILD_CACHE"  # a folder, or "off"
 ENTRY_FILE = "entry.json"
-
-
-def default_cache_dir() -> Path | None:
-    """$HATCH_PRECOMPILE_BUILD_CACHE, None when it is "off", else
-    $XDG_CACHE_HOME/hatch-precompile/build (~/.cache by default)."""
-    configured = os.environ.get(CACHE_VARIABLE)
-    if configured is not None:
-        return None if configured.strip().lower() == "off" else Path(configured).expanduser()
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "hatch-precompile" / "build"
 
 
 def entry_files(entry: dict[str, Any]) -> list[str]:
@@ -67,7 +57,7 @@ class EntryStore:
         try:
             record = json.loads((folder / ENTRY_FILE).read_text(encoding="utf-8"))
             files = record["sha256"]
-            if any(_sha256(folder / name) != digest for name, digest in files.items()):
+            if any(file_sha256(folder / name) != digest for name, digest in files.items()):
                 raise ValueError("a file does not match its recorded sha256")
         except FileNotFoundError:
             return None
@@ -93,7 +83,7 @@ class EntryStore:
             for name in entry_files(entry):
                 (scratch / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(model_dir / name, scratch / name)
-                digests[name] = _sha256(scratch / name)
+                digests[name] = file_sha256(scratch / name)
             (scratch / ENTRY_FILE).write_text(json.dumps({"entry": entry, "sha256": digests}, indent=1), encoding="utf-8")
             os.rename(scratch, folder)
         except OSError:
@@ -179,6 +169,3 @@ def plugin_fingerprint() -> str:
         digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
 
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()

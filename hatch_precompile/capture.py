@@ -94,7 +94,7 @@ def build_module(model: dict[str, Any]) -> tuple[torch.nn.Module, torch.nn.Modul
     if model["dtype"] in ("bfloat16", "float16"):
         reference = copy.deepcopy(module)
     if model["dtype"]:
-        module = module.to(_DTYPES[model["dtype"]])
+        module = module.to(getattr(torch, model["dtype"]))
     return module, reference
 
 
@@ -217,20 +217,6 @@ def _describe_inputs(
     return leaves
 
 
-_DTYPES = {
-    "float32": torch.float32,
-    "float64": torch.float64,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "int64": torch.int64,
-    "int32": torch.int32,
-    "int16": torch.int16,
-    "int8": torch.int8,
-    "uint8": torch.uint8,
-    "bool": torch.bool,
-}
-
-
 def _example_inputs_from_shapes(
     model: dict[str, Any], fixed: dict[str, int]
 ) -> tuple[tuple, dict, list[dict[int, str]], dict[str, dict[int, str]]]:
@@ -245,7 +231,7 @@ def _example_inputs_from_shapes(
             return spec["value"], {}
         shape = [example_size[s] if isinstance(s, str) else s for s in spec["shape"]]
         dims = {axis: s for axis, s in enumerate(spec["shape"]) if isinstance(s, str)}
-        return _random_tensor(shape, _DTYPES[spec["dtype"]], spec["range"], generator), dims
+        return _random_tensor(shape, getattr(torch, spec["dtype"]), spec["range"], generator), dims
 
     made_args = [make(spec) for spec in model["args"]]
     made_kwargs = {key: make(spec) for key, spec in model["kwargs"].items()}

@@ -27,7 +27,6 @@ from .config import ModelConfig
 from .errors import ModelBuildError
 from .worker import PROGRESS_PREFIX, RESULT_FILE
 
-JOBS_VARIABLE = "HATCH_PRECOMPILE_JOBS"
 # Memory to allow one worker (capture, inductor, the checks). Measured peaks:
 # 0.4 GB for the build benchmark's small models, 0.94 GB for the transformers
 # example's BERT and GPT-2; doubled for larger models.
@@ -54,7 +53,9 @@ class BuildPlan:
 
 
 @dataclass(frozen=True)
-class CompiledModel:
+class BuiltModel:
+    """What a worker made of one model (the loader's CompiledModel is what a user calls)."""
+
     entry: dict[str, Any]  # the model's manifest entry; its files lie in the staging folder's `<model>/`
     keys: dict[str, str]  # artifact file -> cache key
     origins: dict[str, str]  # artifact file -> "compiled", "cached" or "part <folder>"
@@ -72,7 +73,7 @@ def default_jobs(models: int) -> int:
 
 def compile_models(
     models: list[ModelConfig], plan: BuildPlan, say: Callable[[str], None], done: Callable[[str], None]
-) -> dict[str, CompiledModel]:
+) -> dict[str, BuiltModel]:
     """Run a worker per model, at most `plan.jobs` at once; entries by model name."""
     workers = _Workers()
     lock = threading.Lock()
@@ -85,7 +86,7 @@ def compile_models(
         return report_line
 
     say, done = locked(say), locked(done)
-    results: dict[str, CompiledModel] = {}
+    results: dict[str, BuiltModel] = {}
     with ThreadPoolExecutor(max_workers=plan.jobs, thread_name_prefix="precompile") as pool:
         futures = {pool.submit(_compile_one, model, plan, workers, say, done): model.name for model in models}
         try:
@@ -100,7 +101,7 @@ def compile_models(
 
 def _compile_one(
     model: ModelConfig, plan: BuildPlan, workers: _Workers, say: Callable[[str], None], done: Callable[[str], None]
-) -> CompiledModel:
+) -> BuiltModel:
     out_dir = plan.staging / model.name
     out_dir.mkdir()
     sources = ArtifactSources(plan.claims.get(model.name, {}), plan.cache, plan.keep)
@@ -147,7 +148,7 @@ def _compile_one(
         raise ModelBuildError(model.name, "compiling", f"the compile worker exited with {worker.returncode}:\n{tail}")
     result_path.unlink()
     done(f"precompile: {model.name}: done in {time.perf_counter() - started:.1f} s")
-    return CompiledModel(result["entry"], result["keys"], result["origins"])
+    return BuiltModel(result["entry"], result["keys"], result["origins"])
 
 
 class _Workers:

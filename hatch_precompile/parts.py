@@ -19,15 +19,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from .cache import Claim, plugin_fingerprint
 from .config import TABLE, ConfigError, ModelConfig, PrecompileConfig
-from .jobs import CompiledModel
+from .jobs import BuiltModel
+from .settings import PARTS_VARIABLE
 
-PARTS_VARIABLE = "HATCH_PRECOMPILE_PARTS"
 PART_FILE = "part.json"
 PART_FORMAT = 1
 # A model's configuration keys that decide what is captured and compiled; the
@@ -35,12 +34,7 @@ PART_FORMAT = 1
 COMPILED_FROM = ("factory", "example_inputs", "args", "kwargs", "dims", "dtype", "options")
 
 
-def parts_from_environment() -> list[Path]:
-    value = os.environ.get(PARTS_VARIABLE, "")
-    return [Path(folder).expanduser() for folder in value.split(os.pathsep) if folder.strip()]
-
-
-def read_parts(folders: list[Path], config: PrecompileConfig) -> dict[str, dict[str, Claim]]:
+def read_parts(folders: tuple[Path, ...], config: PrecompileConfig) -> dict[str, dict[str, Claim]]:
     """The parts' artifacts per model (file -> Claim), once every part is checked
     against the configuration and this plugin; raises ConfigError listing every
     problem at once."""
@@ -100,7 +94,7 @@ def choose(config: PrecompileConfig, models: list[str] | None, cpu_targets: list
     return chosen
 
 
-def write_part_file(out: Path, config: PrecompileConfig, compiled: dict[str, CompiledModel]) -> None:
+def write_part_file(out: Path, config: PrecompileConfig, compiled: dict[str, BuiltModel]) -> None:
     part: dict[str, Any] = {"format": PART_FORMAT, "plugin": plugin_fingerprint(), "models": {}}
     for name, model in compiled.items():
         part["models"][name] = {

@@ -17,7 +17,7 @@ from typing import Any
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
 from .assemble import runtime_requirements
-from .build import Reporter, check_sdist_pins, precompile, ready_source
+from .build import EDITABLE_MESSAGE, Reporter, check_sdist_pins, precompile, ready_source
 from .config import parse_config
 
 
@@ -37,7 +37,7 @@ class PrecompileBuildHook(BuildHookInterface):
         root = Path(self.root)
         package, package_dir = ready_source(root, config, report)
         if version == "editable":
-            report.info("precompile: editable install, models are not compiled; load_compiled() falls back per `fallback`")
+            report.info(EDITABLE_MESSAGE)
             return
 
         self._staging = Path(tempfile.mkdtemp(prefix="hatch-precompile-"))  # mode 0700, unpredictable name

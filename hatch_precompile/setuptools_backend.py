@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from .assemble import PRECOMPILED_DIR, runtime_requirements
-from .build import Reporter, check_sdist_pins, precompile, ready_source
+from .build import EDITABLE_MESSAGE, Reporter, check_sdist_pins, precompile, ready_source
 from .config import TABLE, ConfigError, PrecompileConfig, parse_config
 from .distfiles import rewrite_sdist, rewrite_wheel, with_requirements
 from .project import find_package, read_pyproject, read_table
@@ -135,7 +135,7 @@ def build_editable(wheel_directory: str, config_settings: dict[str, Any] | None 
     config, requirements = _project(root)
     check_sdist_pins(root, requirements)
     ready_source(root, config, _REPORT)
-    _REPORT.info("precompile: editable install, models are not compiled; load_compiled() falls back per `fallback`")
+    _REPORT.info(EDITABLE_MESSAGE)
     with _scratch() as scratch:
         name = _setuptools.build_editable(str(scratch), config_settings, metadata_directory)
         return rewrite_wheel(scratch / name, Path(wheel_directory), requirements)

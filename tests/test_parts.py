@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from hatch_precompile.build import _jobs_setting, compile_part
+from hatch_precompile.build import compile_part
 from hatch_precompile.cache import ArtifactSources, Claim, EntryStore, PartMismatch, plugin_fingerprint
 from hatch_precompile.config import TABLE, ConfigError, parse_config
 from hatch_precompile.parts import PART_FILE, PART_FORMAT, read_parts
+from hatch_precompile.settings import resolve_settings
 
 MODEL = {"factory": "pkg.models:build", "inputs": [{"shape": ["batch", 8]}], "dims": {"batch": {"min": 1, "max": 16}}}
 CONFIG = parse_config({"models": {"m": MODEL}})
@@ -127,5 +128,5 @@ def test_compile_part_wants_a_new_folder(tmp_path: Path) -> None:
 def test_a_bad_worker_count_in_the_environment_is_named(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
     monkeypatch.setenv("HATCH_PRECOMPILE_JOBS", value)
     with pytest.raises(ConfigError) as caught:
-        _jobs_setting(CONFIG)
+        resolve_settings(CONFIG)
     assert caught.value.problems == [f"HATCH_PRECOMPILE_JOBS: expected a whole number of workers, 1 or more, found {value!r}"]

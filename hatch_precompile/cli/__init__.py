@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ._common import ERROR, CommandError
-from .project import check, compile_part, init
+from .project import check, compile_part_command, init
 from .wheel import inspect, verify
 
 
@@ -40,7 +40,7 @@ COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], list[tuple[tuple[
     "init": (init, [_argument("package_dir", metavar="PACKAGE_DIR", type=Path, help="the import package's folder, e.g. src/my_pkg")]),
     "check": (check, [_argument("project_dir", metavar="PROJECT_DIR", nargs="?", type=Path, default=Path("."), help="the project's folder (default: .)"), JSON]),
     "compile-part": (
-        compile_part,
+        compile_part_command,
         [
             _argument("project_dir", metavar="PROJECT_DIR", nargs="?", type=Path, default=Path("."), help="the project's folder (default: .)"),
             _argument("--out", required=True, type=Path, help="the part's folder: new, or empty"),

@@ -34,7 +34,7 @@ def init(args: argparse.Namespace) -> int:
     return OK
 
 
-def compile_part(args: argparse.Namespace) -> int:
+def compile_part_command(args: argparse.Namespace) -> int:
     """Compile some models and CPU targets of PROJECT_DIR into a new part folder.
 
     On each machine that can build a part (an AVX-512 machine for avx512, a
@@ -46,7 +46,7 @@ def compile_part(args: argparse.Namespace) -> int:
     exit status: 0 the part is written; 1 a model failed to build;
     2 the arguments or the configuration are wrong.
     """
-    from ..build import compile_part as compile_into
+    from ..build import compile_part
     from ..config import ConfigError
     from ..errors import ModelBuildError
 
@@ -54,7 +54,7 @@ def compile_part(args: argparse.Namespace) -> int:
         return [item.strip() for item in value.split(",") if item.strip()] if value else None
 
     try:
-        compile_into(
+        compile_part(
             args.project_dir,
             args.out,
             models=listed(args.models),

@@ -68,7 +68,7 @@ from ._weights import bind_weights, build_module, read_weights
 __all__ = ["PrecompiledFallbackWarning", "PrecompiledIntegrityError", "PrecompiledModelError", "explain", "load_compiled"]
 __all__ += ["MANIFEST_FORMAT"]  # read by the build, which writes manifests in this format
 
-OUTPUT_FORMS = ("classes", "plain")
+OUTPUT_FORMS = ("classes", "plain")  # library output classes rebuilt, or dicts and tuples
 
 _lock = threading.Lock()
 _loaded: dict[tuple[str, str], Callable[..., Any]] = {}  # (name, outputs) -> model with the default weights
@@ -215,7 +215,7 @@ class CompiledModel:
         crash). Raises ValueError naming the input; returns the flat inputs."""
         return self._checked(args, kwargs)[0]
 
-    def _checked(self, args: tuple, kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, int]]:
+    def _checked(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, int]]:
         kwargs = {**self._keyword_constants, **kwargs}  # compiled-in keyword constants may be left out
         flat_inputs = flatten_call(self.name, self._inputs["tree"], args, kwargs)
         return flat_inputs, check_inputs(self.name, self._inputs["leaves"], self._variants.dims, flat_inputs)

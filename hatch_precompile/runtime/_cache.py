@@ -16,6 +16,12 @@ from ._errors import PrecompiledModelError
 CACHE_DIR_VARIABLE = "HATCH_PRECOMPILE_CACHE_DIR"  # where loading may write (default ~/.cache/hatch-precompile)
 
 
+def user_cache_root() -> Path:
+    """$XDG_CACHE_HOME/hatch-precompile, ~/.cache/hatch-precompile by default: under
+    it the loader's private cache, and the build cache's `build/`."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hatch-precompile"
+
+
 @functools.cache
 def private_cache_dir() -> Path:
     """$HATCH_PRECOMPILE_CACHE_DIR, else ~/.cache/hatch-precompile (XDG_CACHE_HOME
@@ -23,8 +29,7 @@ def private_cache_dir() -> Path:
     private temporary directory for this process, removed at exit. A directory
     that others can write to, or that another user owns, is refused."""
     configured = os.environ.get(CACHE_DIR_VARIABLE)
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    directory = Path(configured) if configured else base / "hatch-precompile"
+    directory = Path(configured) if configured else user_cache_root()
     try:
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError:

@@ -13,7 +13,7 @@ import importlib
 from typing import Any
 
 
-def flatten_call(name: str, tree: dict[str, Any], args: tuple, kwargs: dict) -> list[Any]:
+def flatten_call(name: str, tree: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
     """Flatten (args, kwargs) along the spec recorded at build time, naming what differs."""
     arg_spec, kwarg_spec = tree["children"]
     if len(args) != len(arg_spec["children"]):

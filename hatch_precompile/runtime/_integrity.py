@@ -48,7 +48,7 @@ ROW_SIZE = 4096  # bytes whose 64-bit words are summed together: a page, and a f
 def verified_bytes(record: dict[str, Any]) -> bytes:
     """A shipped file's bytes, checked against the manifest's size and sha256.
     The same bytes are then used, so nothing can change in between."""
-    path = HERE / record["file"]
+    path: Path = HERE / record["file"]
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -57,13 +57,18 @@ def verified_bytes(record: dict[str, Any]) -> bytes:
     return data
 
 
+def file_sha256(path: Path) -> str:
+    """The hex sha256 of a file's bytes, read in blocks."""
+    with path.open("rb") as stream:
+        return hashlib.file_digest(stream, "sha256").hexdigest()
+
+
 def verified_path(record: dict[str, Any]) -> Path:
     """A shipped file's path, after hashing it (for files loaded by path: the
     dynamic loader opens kernels itself)."""
-    path = HERE / record["file"]
+    path: Path = HERE / record["file"]
     try:
-        with path.open("rb") as stream:
-            sha256 = hashlib.file_digest(stream, "sha256").hexdigest()
+        sha256 = file_sha256(path)
     except FileNotFoundError:
         raise _missing(path) from None
     _check(path, digest_mismatch(path.stat().st_size, sha256, record))

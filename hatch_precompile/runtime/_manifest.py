@@ -21,7 +21,7 @@ from ._errors import PrecompiledIntegrityError, PrecompiledModelError
 HERE = Path(__file__).resolve().parent
 MANIFEST = HERE / "manifest.json"
 MANIFEST_FORMAT = 5  # 4: weights carry per-chunk checksums of row sums; 5: kernels are stable-ABI extensions
-_CONFIG_TABLE = ("tool", "hatch", "build", "hooks", "precompile")
+CONFIG_TABLE = ("tool", "hatch", "build", "hooks", "precompile")  # where pyproject.toml declares the models
 
 CPU_TARGET_VARIABLE = "HATCH_PRECOMPILE_CPU_TARGET"  # force one CPU target (if the CPU can run it)
 FALLBACK_VARIABLE = "HATCH_PRECOMPILE_FALLBACK"  # "eager" or "error" for the whole process
@@ -44,7 +44,8 @@ class Choice:
 
     @property
     def file(self) -> str:
-        return self.artifact["lean"]["file"] if self.form == "lean" else self.artifact["file"]
+        file: str = self.artifact["lean"]["file"] if self.form == "lean" else self.artifact["file"]
+        return file
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,7 @@ def checked_manifest(data: bytes, expected_sha256: str, where: Path | str) -> di
     wheel's manifest; `where` names the file in messages.)"""
     if hashlib.sha256(data).hexdigest() != expected_sha256:
         raise PrecompiledIntegrityError(f"{where} does not match the digest the build recorded: it was modified")
-    manifest = json.loads(data)
+    manifest: dict[str, Any] = json.loads(data)
     if manifest.get("format") != MANIFEST_FORMAT:
         raise PrecompiledModelError(f"{where} has format {manifest.get('format')!r}; this loader reads format {MANIFEST_FORMAT}")
     return manifest
@@ -288,7 +289,7 @@ def _model_from_source_config(name: str) -> dict[str, Any]:
             import tomllib
 
             table: Any = tomllib.loads(pyproject.read_text(encoding="utf-8"))
-            for key in _CONFIG_TABLE:
+            for key in CONFIG_TABLE:
                 table = table.get(key, {})
             models = table.get("models", {})
             if not models:

@@ -139,7 +139,8 @@ def load_kernel(path: Path, key: str) -> Callable[..., Any]:
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         sys.modules[module_name] = module
-    return getattr(module, KERNEL_ENTRY)
+    entry: Callable[..., Any] = getattr(module, KERNEL_ENTRY)
+    return entry
 
 
 @contextlib.contextmanager
@@ -165,7 +166,7 @@ def shipped_kernels(kernels: dict[str, Path]) -> Iterator[None]:
         cls.load_pybinding_async = classmethod(original)  # type: ignore[method-assign,assignment]
 
 
-def bind_arguments(signature: inspect.Signature, cls: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
+def bind_arguments(signature: inspect.Signature, cls: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
     bound = signature.bind(cls, *args, **kwargs)
     bound.apply_defaults()
     return bound.arguments
@@ -179,7 +180,9 @@ class _ReadyKernels:
         pass
 
 
-def assert_tensor_metadata(tensor: Any, expected_size: tuple, expected_stride: tuple, expected_dtype: Any, op_name: str | None = None) -> None:
+def assert_tensor_metadata(
+    tensor: Any, expected_size: tuple[Any, ...], expected_stride: tuple[Any, ...], expected_dtype: Any, op_name: str | None = None
+) -> None:
     """inductor's `torch._inductor.runtime.runtime_utils.assert_tensor_metadata`
     (torch 2.14, 2.15), without importing inductor: a fallback op's output has the
     dtype, sizes and strides the compile expected."""
@@ -192,7 +195,7 @@ def assert_tensor_metadata(tensor: Any, expected_size: tuple, expected_stride: t
     torch._C._dynamo.guards.assert_size_stride(tensor, expected_size, expected_stride, op_name)
 
 
-def run_lean_module(source: str, filename: str, extern_kernels: list[str], kernel: Callable[[str], Any]) -> Callable[[list[Any]], tuple]:
+def run_lean_module(source: str, filename: str, extern_kernels: list[str], kernel: Callable[[str], Any]) -> Callable[[list[Any]], tuple[Any, ...]]:
     """Execute a lean module's source with the loader's bindings; return its `call`.
     `kernel(key)` gives a shipped kernel's entry function; `extern_kernels` names
     the torch functions the module calls as `extern_kernels.<name>`."""
@@ -208,10 +211,11 @@ def run_lean_module(source: str, filename: str, extern_kernels: list[str], kerne
         "assert_tensor_metadata": assert_tensor_metadata,
     }
     exec(compile(source, filename, "exec"), namespace)
-    return namespace["call"]
+    call: Callable[[list[Any]], tuple[Any, ...]] = namespace["call"]
+    return call
 
 
 def misaligned(tensor: Any) -> bool:
     """Whether inductor would copy this input before a call that checks alignment
     (`torch._inductor.utils.ALIGNMENT`, 16 bytes)."""
-    return tensor.data_ptr() % 16 != 0
+    return bool(tensor.data_ptr() % 16 != 0)
