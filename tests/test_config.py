@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from hatch_precompile.config import AccuracyBounds, ConfigError, Dim, TensorInput, parse_config
+from hatch_precompile.config import MODEL_KEYS, TABLE_KEYS, AccuracyBounds, ConfigError, Dim, TensorInput, parse_config, reference_tables
 
 T = "tool.hatch.build.hooks.precompile"
 
@@ -208,3 +210,26 @@ def test_every_unsupported_option_is_refused_with_the_reason_and_what_to_do() ->
     assert found[3] == f"{path}.max_autotun: not an inductor option hatch-precompile supports; did you mean 'max_autotune'? {supported}"
     assert found[4] == f"{path}.triton.cudagraphs: not an inductor option hatch-precompile supports; {supported}"
     assert found[5] == f"{path}.max_autotune: expected true or false, found 'yes'"
+
+
+def test_the_configuration_reference_in_the_docs_is_the_one_the_schema_generates() -> None:
+    """docs/configuration.md's key tables come from TABLE_KEYS and MODEL_KEYS, the
+    keys the parser accepts; HATCH_PRECOMPILE_UPDATE_DOCS=1 rewrites them."""
+    path = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
+    text = path.read_text(encoding="utf-8")
+    begin = text.index("-->\n", text.index("<!-- generated from TABLE_KEYS")) + len("-->\n")
+    end = text.index("<!-- end of the generated reference -->")
+    if os.environ.get("HATCH_PRECOMPILE_UPDATE_DOCS"):
+        path.write_text(text[:begin] + reference_tables() + text[end:], encoding="utf-8")
+    assert text[begin:end] == reference_tables(), "docs/configuration.md's reference drifted: rerun with HATCH_PRECOMPILE_UPDATE_DOCS=1"
+
+
+def test_the_parser_accepts_exactly_the_documented_keys() -> None:
+    undocumented = {"factory": "m:f", "inputs": [{"shape": [1]}], "quantize": "int8"}
+    with pytest.raises(ConfigError, match=r"models\.m\.quantize: unknown key"):
+        parse_config({"models": {"m": undocumented}})
+    assert {"package", "fallback", "cpu-targets", "jobs", "models.<name>"} == set(TABLE_KEYS)
+    assert set(MODEL_KEYS) == {
+        "factory", "inputs", "kwargs", "example-inputs", "dims", "weights", "dtype",
+        "options", "fallback", "cpu-targets", "accuracy", "outputs",
+    }  # fmt: skip
