@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ExampleBuild, Venv, no_compiler_env, pypi_venv
+from conftest import ExampleBuild, Venv, no_compiler_env, pypi_venv, run
 from test_example_wheel import COMPARE_WITH_EAGER
 
 pytestmark = pytest.mark.e2e
@@ -67,3 +67,22 @@ def test_the_artifact_form_is_refused_there_naming_both_sides(elsewhere: Venv, t
     assert elsewhere.script(code, env=no_compiler_env(tmp_path)).stdout.strip().startswith(
         "encoder: would load encoder/cpu_avx2.py (lean form) for CPU target avx2"
     )
+
+
+OLDER_PYTHON = f"3.{sys.version_info.minor - 1}"
+
+
+@pytest.mark.parametrize("python", [OLDER_PYTHON, *OTHER_PYTHONS])
+def test_pip_takes_the_wheel_for_this_python_and_later_ones_by_its_tag(example_build: ExampleBuild, tmp_path: Path, python: str) -> None:
+    """pip's own tag matching (not uv's), for CPython `python` on this platform:
+    a later CPython takes the abi3 wheel, an older one refuses it."""
+    platform = example_build.wheel.name.removesuffix(".whl").split("-")[-1]
+    abi = f"cp{python.replace('.', '')}"
+    command = [sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--only-binary=:all:", "--target", str(tmp_path / "target")]
+    command += ["--python-version", python, "--implementation", "cp", "--abi", abi, "--platform", platform, str(example_build.wheel)]
+    result = run(command, check=False)
+    if python == OLDER_PYTHON:
+        assert result.returncode != 0 and "is not a supported wheel on this platform" in result.stderr, result.stderr[-2000:]
+    else:
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert "Would install example-pkg-0.1.0" in result.stdout, result.stdout
