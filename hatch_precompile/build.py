@@ -83,7 +83,7 @@ def precompile(root: Path, config: PrecompileConfig, package: str, package_dir: 
     settings = resolve_settings(config)
     claims = read_parts(settings.parts, config)
     report.info(f"precompile: compiling with torch {torch_version()}; the wheel requires {runtime_requirements()[0]}")
-    cache = EntryStore(settings.cache) if settings.cache else None
+    cache = _entry_store(settings.cache)
     plan = BuildPlan(
         root=root,
         import_paths=import_paths(root, package_dir),
@@ -130,7 +130,7 @@ def compile_part(
             import_paths=import_paths(project, package_dir),
             staging=staging,
             jobs=settings.jobs or default_jobs(len(chosen)),
-            cache=EntryStore(settings.cache) if settings.cache else None,
+            cache=_entry_store(settings.cache),
             keep=EntryStore(out),
             claims={},
         )
@@ -141,6 +141,11 @@ def compile_part(
         raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _entry_store(folder: Path | None) -> EntryStore | None:
+    """The build cache at `folder`, None when it is turned off."""
+    return EntryStore(folder) if folder else None
 
 
 def _origins(compiled: dict[str, BuiltModel]) -> str:

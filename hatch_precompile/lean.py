@@ -70,7 +70,9 @@ def rewrite(source: str, built_kernels: set[str], title: str) -> LeanModule:
     if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
         edits.append((body[0], ""))
     for statement in body:
-        if (isinstance(statement, ast.FunctionDef) and statement.name in _BENCHMARK_HARNESS) or (isinstance(statement, ast.If) and "__main__" in ast.unparse(statement.test)):
+        harness = isinstance(statement, ast.FunctionDef) and statement.name in _BENCHMARK_HARNESS
+        main_guard = isinstance(statement, ast.If) and "__main__" in ast.unparse(statement.test)
+        if harness or main_guard:
             edits.append((statement, ""))
         elif isinstance(statement, ast.ImportFrom) and statement.module in _COMPILER_IMPORTS:
             for alias in statement.names:

@@ -130,9 +130,10 @@ def battery(tmp_path_factory: pytest.TempPathFactory, torch_venv: Venv) -> Batte
         project = write_project(root / package, package, MODELS, f"jobs = {jobs}\n" + table(architectures, package))
         command = [sys.executable, "-m", "build", "--wheel", "--no-isolation", str(project)]
         builds[package] = (project, subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    logs = {package: process.communicate()[0] for package, (_, process) in builds.items()}  # both finish before any is judged
     wheels, seconds = {}, {}
     for package, (project, process) in builds.items():
-        log = process.communicate()[0]
+        log = logs[package]
         assert process.returncode == 0, f"the {package} project failed to build:\n{log[-5000:]}"
         seconds.update({m: float(s) for m, s in re.findall(r"precompile: (\w+): done in ([\d.]+) s", log)})
         (wheels[package],) = (project / "dist").glob("*.whl")
