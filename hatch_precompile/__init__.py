@@ -1,10 +1,14 @@
 """hatch-precompile: a Hatch build hook that compiles torch models into wheels.
 
-The hook (`plugin.PrecompileBuildHook`) reads `[tool.hatch.build.hooks.precompile]`
-(`config`), compiles each model in a child process (`worker`, which runs
-`capture` then `compile`), and assembles the wheel's `_precompiled/` folder
-(`assemble`). What lands in users' wheels is `runtime/`: the loader and the one
-module that touches torch's private internals.
+Three processes run this code, and the folders say which:
+- `backend/` (with `cli/`): the build frontend's process: hatchling's hook and the
+  setuptools backend; no torch.
+- `build/`: what that process does: configuration, planning, jobs, the build cache,
+  parts, native checks and assembling `_precompiled/`; no torch.
+- `worker/`: one process per model: capture, compile, checks and torch's internals.
+- `runtime/`: the loader that lands in users' wheels; torch and the standard library.
+
+`docs/architecture.md` draws them and what crosses between them.
 """
 
 __version__ = "0.1.0"

@@ -2,7 +2,7 @@
 
 from hatchling.plugin import hookimpl
 
-from .plugin import PrecompileBuildHook
+from .backend.hatch_hook import PrecompileBuildHook
 
 
 @hookimpl

@@ -6,12 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hatch_precompile.accuracy import check_accuracy, figures
-from hatch_precompile.errors import ModelBuildError
+from hatch_precompile.build.config import AccuracyBounds, ModelConfig
+from hatch_precompile.build.errors import ModelBuildError
+from hatch_precompile.worker.accuracy import check_accuracy, figures
 
 
-def model(dtype: str | None, **accuracy: float) -> dict:
-    return {"name": "m", "dtype": dtype, "accuracy": accuracy}
+def model(dtype: str | None, **accuracy: float) -> ModelConfig:
+    return ModelConfig("m", "pkg:factory", "eager", "embed", dtype=dtype, accuracy=AccuracyBounds(**accuracy))
 
 
 def reference() -> torch.Tensor:

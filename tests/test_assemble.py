@@ -9,7 +9,8 @@ from pathlib import Path
 
 import torch
 
-from hatch_precompile.assemble import BUILD_MODULE, RUNTIME_FILES, assemble, runtime_requirements, wheel_tag
+from hatch_precompile.build.assemble import RUNTIME_FILES, assemble, runtime_requirements, wheel_tag
+from hatch_precompile.runtime._layout import BUILD_MODULE
 
 
 def test_the_wheel_pins_the_build_torch_release_without_its_local_label() -> None:
@@ -37,10 +38,11 @@ def test_assembly_records_sizes_hashes_and_the_manifest_digest(tmp_path: Path) -
     for name, data in files.items():
         (tmp_path / name).write_bytes(data)
     entry = {
+        "fallback": "eager",
         "weights": {"file": "weights.safetensors", "order": []},
         "artifacts": [{"file": "cpu_avx2.bin", "kernels": ["k1"], "lean": {"file": "cpu_avx2.py", "extern_kernels": []}}],
     }
-    shipped = assemble(tmp_path, "pkg", {"m": "eager"}, {"m": entry})
+    shipped = assemble(tmp_path, "pkg", {"m": entry})
     manifest_bytes = (tmp_path / "manifest.json").read_bytes()
     manifest = json.loads(manifest_bytes)["models"]["m"]
     assert manifest["fallback"] == "eager"

@@ -13,17 +13,17 @@ import pytest
 import torch
 from torch import nn
 
-from hatch_precompile.capture import capture
-from hatch_precompile.config import parse_config
-from hatch_precompile.errors import ModelBuildError
+from hatch_precompile.build.config import ModelConfig, parse_config
+from hatch_precompile.build.errors import ModelBuildError
+from hatch_precompile.worker.capture import capture
 
 PATH = "tool.hatch.build.hooks.precompile.models.m"
 
 
-def model(inputs: list[dict[str, Any]], dims: dict[str, Any]) -> dict[str, Any]:
+def model(inputs: list[dict[str, Any]], dims: dict[str, Any]) -> ModelConfig:
     """The worker's model dict for a table with these inputs and dims."""
     raw = {"models": {"m": {"factory": "made_up:factory", "inputs": inputs, "dims": dims}}}
-    return parse_config(raw).models["m"].to_json()
+    return parse_config(raw).models["m"]
 
 
 def capture_error(module: nn.Module, inputs: list[dict[str, Any]], dims: dict[str, Any]) -> str:
@@ -130,7 +130,7 @@ def example_inputs() -> tuple[tuple[torch.Tensor], dict[str, Any]]:
 def test_models_with_example_inputs_are_told_to_make_the_dim_static_not_to_add_buckets() -> None:
     """Buckets need inputs declared by shape, so they are not offered here."""
     raw = {"factory": "made_up:factory", "example-inputs": f"{__name__}:example_inputs", "dims": {"batch": {"min": 1, "max": 16, "axes": ["0:0"]}}}
-    config = parse_config({"models": {"m": raw}}).models["m"].to_json()
+    config = parse_config({"models": {"m": raw}}).models["m"]
     with pytest.raises(ModelBuildError) as caught:
         capture(config, ReshapeThenProject().eval(), {})
     message = caught.value.message

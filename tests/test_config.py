@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from hatch_precompile.config import MODEL_KEYS, TABLE_KEYS, AccuracyBounds, ConfigError, Dim, TensorInput, parse_config, reference_tables
+from hatch_precompile.build.config import MODEL_KEYS, TABLE_KEYS, AccuracyBounds, ConfigError, Dim, TensorInput, parse_config, reference_tables
 
 T = "tool.hatch.build.hooks.precompile"
 

@@ -9,10 +9,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from hatch_precompile.capture import capture
-from hatch_precompile.config import parse_config
-from hatch_precompile.key import artifact_key
-from hatch_precompile.targets import CPU_TARGETS
+from hatch_precompile.build.config import ModelConfig, parse_config
+from hatch_precompile.build.targets import CPU_TARGETS
+from hatch_precompile.worker.capture import capture
+from hatch_precompile.worker.key import artifact_key
 
 AVX2 = CPU_TARGETS["avx2"]
 
@@ -28,9 +28,9 @@ class Scaled(nn.Module):
         return torch.relu(self.linear(x)) * self.scale
 
 
-def model(**table: Any) -> dict[str, Any]:
+def model(**table: Any) -> ModelConfig:
     raw = {"factory": "made_up:factory", "inputs": [{"shape": ["batch", 8]}], "dims": {"batch": {"min": 1, "max": 16}}, **table}
-    return parse_config({"models": {"m": raw}}).models["m"].to_json()
+    return parse_config({"models": {"m": raw}}).models["m"]
 
 
 def key(module: nn.Module, table: dict[str, Any] | None = None, fixed: dict[str, int] | None = None, target=AVX2) -> str:

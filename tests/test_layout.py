@@ -1,12 +1,13 @@
 """The rules the package's layout stands for, checked.
 
-Three processes run this code: the build backend (hatchling's hook or the
-setuptools backend, and the command line), which never imports torch, so that
-configuration errors, planning and wheel assembly cost no torch import and a
-worker failure cannot take the backend with it; the compile worker, one per
-model, which does everything with torch; and the loader in users' wheels
-(`runtime/`), which imports only torch and the standard library. Every module
-must be on one side of that line: a new module fails here until it is placed.
+Three processes run this code, and the folder a module lies in says which:
+the build backend's (`backend/`, `build/`, `cli/`), which never imports torch, so
+that configuration errors, planning and wheel assembly cost no torch import and a
+worker failure cannot take the backend with it; the compile worker's (`worker/`),
+one per model, which does everything with torch; and the loader in users' wheels
+(`runtime/`), which imports only torch and the standard library. The worker may
+use the build's typed config and the loader's code; the build never imports the
+worker (it starts it as a process). A new module outside these folders fails here.
 """
 
 from __future__ import annotations
@@ -14,33 +15,67 @@ from __future__ import annotations
 import ast
 import json
 import sys
+from pathlib import Path
 
 from conftest import REPO, run
 
 PACKAGE = REPO / "hatch_precompile"
 
-# Imported by the build backend and the command line: no torch.
-BACKEND_SIDE = {
-    "__init__", "__main__", "hooks", "plugin", "setuptools_backend", "distfiles", "build", "config", "options",
-    "project", "settings", "jobs", "cache", "parts", "assemble", "native", "targets", "errors",
-    "cli", "cli._common", "cli.project", "cli.wheel",
-}  # fmt: skip
-# Imported only in the compile worker's process (and by tests): torch.
-WORKER_SIDE = {"worker", "capture", "compile", "key", "accuracy", "weights", "lean", "lean_check", "torch_internals"}
+# The top level holds only the package itself and the doors users name: the CLI's
+# `python -m hatch_precompile`, hatchling's plugin registration and the setuptools backend.
+DOORS = {"__init__", "__main__", "hooks", "setuptools_backend"}
+BACKEND_SIDE = ("backend", "build", "cli")  # the build backend's process: no torch
+FOLDERS = {*BACKEND_SIDE, "worker", "runtime"}
+# What each folder may import of the package's other folders.
+MAY_IMPORT = {
+    "backend": {"build", "runtime"},
+    "build": {"runtime"},
+    "cli": {"backend", "build", "runtime"},
+    "worker": {"build", "runtime"},
+    "runtime": set(),
+}
 
 
-def _modules() -> set[str]:
-    names = set()
-    for path in PACKAGE.rglob("*.py"):
-        relative = path.relative_to(PACKAGE).with_suffix("")
-        if relative.parts[0] != "runtime":
-            names.add(".".join(relative.parts[:-1] if relative.name == "__init__" and len(relative.parts) > 1 else relative.parts))
-    return names
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def test_every_module_is_placed_on_one_side_of_the_torch_line() -> None:
-    assert _modules() == BACKEND_SIDE | WORKER_SIDE
-    assert not BACKEND_SIDE & WORKER_SIDE
+def _imported_modules(path: Path) -> set[str]:
+    """Every module of this package that `path` imports, at any depth, as an absolute name."""
+    module = _module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                stem = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                stem = node.module or ""
+            found |= {stem} | {f"{stem}.{alias.name}" for alias in node.names}
+        elif isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+    return {name for name in found if name.startswith("hatch_precompile.")}
+
+
+def test_every_module_lies_in_a_process_folder_or_is_a_door() -> None:
+    top = {path.stem for path in PACKAGE.glob("*.py")}
+    folders = {path.name for path in PACKAGE.iterdir() if path.is_dir() and path.name != "__pycache__"}
+    assert top == DOORS
+    assert folders == FOLDERS
+    assert all((PACKAGE / folder / "__init__.py").read_text().startswith('"""') for folder in FOLDERS), "each folder's docstring states its rules"
+
+
+def test_each_folder_imports_only_the_folders_it_may() -> None:
+    crossings = {}
+    for folder, allowed in MAY_IMPORT.items():
+        for path in sorted((PACKAGE / folder).rglob("*.py")):
+            for name in _imported_modules(path):
+                other = name.split(".")[1]
+                if other in FOLDERS and other != folder and other not in allowed:
+                    crossings.setdefault(_module_name(path), []).append(name)
+    assert crossings == {}
 
 
 def test_the_build_backends_side_imports_no_torch() -> None:
@@ -50,7 +85,8 @@ def test_the_build_backends_side_imports_no_torch() -> None:
         "    importlib.import_module(name)\n"
         "print(json.dumps(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))))\n"
     )
-    modules = ["hatch_precompile" if name == "__init__" else f"hatch_precompile.{name}" for name in sorted(BACKEND_SIDE - {"__main__"})]
+    modules = [_module_name(path) for folder in BACKEND_SIDE for path in sorted((PACKAGE / folder).rglob("*.py"))]
+    modules += ["hatch_precompile", "hatch_precompile.hooks", "hatch_precompile.setuptools_backend", "hatch_precompile.worker"]
     result = run([sys.executable, "-c", code, *modules], cwd=REPO)
     assert json.loads(result.stdout) == []
 

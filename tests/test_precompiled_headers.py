@@ -16,7 +16,7 @@ COMPILE = """
 import hashlib, json, sys
 from pathlib import Path
 import torch
-from hatch_precompile import torch_internals
+from hatch_precompile.worker import torch_internals
 
 model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).eval()
 batch = torch.export.Dim("batch", min=1, max=32)

@@ -1,4 +1,4 @@
-"""Setuptools projects: hatch-precompile's PEP 517 backend (setuptools_backend.py).
+"""Setuptools projects: hatch-precompile's PEP 517 backend (backend/setuptools_backend.py).
 
 End to end (e2e): the setuptools example (example_setuptools/) gets the wheel the
 hatch hook makes, with the same tag, pins, loader and `_precompiled/` layout; built
@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from hatch_precompile.assemble import RUNTIME_FILES
-from hatch_precompile.distfiles import rewrite_wheel, with_requirements
+from hatch_precompile.backend.distfiles import rewrite_wheel, with_requirements
+from hatch_precompile.build.assemble import RUNTIME_FILES
 
 from conftest import REPO, ExampleBuild, Venv, build_sdist_and_wheel, deploy, no_compiler_env, pin_build_torch, run
 
@@ -318,8 +318,8 @@ def test_rewritten_wheel_holds_exactly_the_staged_precompiled_files_and_is_repro
 
 
 def test_the_tables_hatchling_keys_become_build_requirements(tmp_path: Path) -> None:
-    from hatch_precompile.config import ConfigError
-    from hatch_precompile.setuptools_backend import _table_build_requirements
+    from hatch_precompile.backend.setuptools_backend import _table_build_requirements
+    from hatch_precompile.build.config import ConfigError
 
     (tmp_path / "pyproject.toml").write_text(
         '[project]\nname = "p"\nversion = "1"\ndependencies = ["transformers>=4"]\n'

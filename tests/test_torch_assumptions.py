@@ -20,9 +20,9 @@ import pytest
 import torch
 from torch import nn
 
-from hatch_precompile import lean, torch_internals
 from hatch_precompile.runtime import _torch_private
 from hatch_precompile.runtime._torch_private import ArtifactFormatError
+from hatch_precompile.worker import lean, torch_internals
 
 pytestmark = pytest.mark.release
 
@@ -532,7 +532,7 @@ def test_decompositions_reach_only_the_compiler_modules_capture_imports() -> Non
 POOLING_CAPTURE = r'''
 import json, torch
 from torch import nn
-from hatch_precompile import torch_internals
+from hatch_precompile.worker import torch_internals
 cases = {
     "max_pool1d": (nn.MaxPool1d(3, 2), (2, 4, 16)),
     "max_pool2d": (nn.MaxPool2d(3, 2, padding=1), (2, 4, 16, 16)),

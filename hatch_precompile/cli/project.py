@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..assemble import PRECOMPILED_DIR
+from ..runtime._layout import PRECOMPILED_DIR
 from ._common import FAILED, OK, CommandError, print_json, table
 
 # The build backends that run the precompile build, and the distribution each needs.
@@ -22,7 +22,7 @@ def init(args: argparse.Namespace) -> int:
     import the package from a plain checkout that was never built or installed,
     where `load_compiled` then falls back per the model's `fallback`.
     """
-    from ..project import write_source_loader
+    from ..build.project import write_source_loader
 
     if not (args.package_dir / "__init__.py").is_file():
         raise CommandError(f"{args.package_dir} is not a package folder (no __init__.py)")
@@ -46,9 +46,9 @@ def compile_part_command(args: argparse.Namespace) -> int:
     exit status: 0 the part is written; 1 a model failed to build;
     2 the arguments or the configuration are wrong.
     """
-    from ..build import compile_part
-    from ..config import ConfigError
-    from ..errors import ModelBuildError
+    from ..build.config import ConfigError
+    from ..build.errors import ModelBuildError
+    from ..build.pipeline import compile_part
 
     def listed(value: str | None) -> list[str] | None:
         return [item.strip() for item in value.split(",") if item.strip()] if value else None
@@ -106,8 +106,8 @@ def check(args: argparse.Namespace) -> int:
 
 def _read_project(pyproject: Path) -> tuple[Any, list[str], list[str]]:
     """(the parsed configuration or None, problems, warnings)."""
-    from ..config import TABLE, ConfigError, parse_config
-    from ..project import precompile_table, read_pyproject
+    from ..build.config import TABLE, ConfigError, parse_config
+    from ..build.project import precompile_table, read_pyproject
 
     try:
         document = read_pyproject(pyproject.parent)
@@ -201,5 +201,5 @@ def _config_json(config: Any) -> dict[str, Any]:
         "package": config.package,
         "fallback": config.fallback,
         "cpu_targets": list(config.cpu_targets),
-        "models": {name: {**model.to_json(), "fallback": model.fallback} for name, model in config.models.items()},
+        "models": {name: model.to_json() for name, model in config.models.items()},
     }

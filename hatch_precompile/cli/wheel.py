@@ -13,13 +13,15 @@ import io
 import json
 import zipfile
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from email.parser import HeaderParser
 from pathlib import Path
 from typing import Any
 
-from ..assemble import PRECOMPILED_DIR  # no torch: assemble reads what it needs from distribution metadata
-from ..distfiles import record_hash
+from ..backend.distfiles import record_hash
+from ..runtime._layout import BUILD_MODULE, MANIFEST_FILE, PRECOMPILED_DIR
+from ..runtime._schema import ArtifactEntry, BuiltWith, Manifest, ModelEntry
 from ._common import FAILED, OK, CommandError, field_lines, print_json, table
 
 
@@ -40,13 +42,13 @@ class Wheel:
         except (zipfile.BadZipFile, zlib.error, OSError, EOFError) as error:  # a bad CRC or deflate stream: the archive is damaged
             raise CommandError(f"{self.path}: cannot read {name}: {error}") from error
 
-    def raw_manifest(self) -> dict[str, Any]:
-        """The manifest as stored, not yet checked against its digest."""
+    def raw_manifest(self) -> Manifest:
+        """The manifest as stored, its format checked but not yet its digest."""
         from ..runtime import MANIFEST_FORMAT
 
-        name = self.precompiled + "manifest.json"
+        name = self.precompiled + MANIFEST_FILE
         try:
-            manifest = json.loads(self.read(name))
+            manifest: Manifest = json.loads(self.read(name))
         except ValueError as error:
             raise CommandError(f"{self.path}: {name} is not valid JSON ({error})") from None
         if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
@@ -75,10 +77,10 @@ def open_wheel(path: Path) -> Wheel:
     except (zipfile.BadZipFile, OSError) as error:
         raise CommandError(f"{path}: not a wheel: not a readable zip archive ({error})") from None
     names = archive.namelist()
-    manifests = [n for n in names if n.count("/") == 2 and n.endswith(f"/{PRECOMPILED_DIR}/manifest.json")]
+    manifests = [n for n in names if n.count("/") == 2 and n.endswith(f"/{PRECOMPILED_DIR}/{MANIFEST_FILE}")]
     if not manifests:
         raise CommandError(
-            f"{path}: no <package>/{PRECOMPILED_DIR}/manifest.json in this wheel: it was not built with the "
+            f"{path}: no <package>/{PRECOMPILED_DIR}/{MANIFEST_FILE} in this wheel: it was not built with the "
             "hatch-precompile hook (or was built with --no-hooks)"
         )
     if len(manifests) > 1:
@@ -88,7 +90,7 @@ def open_wheel(path: Path) -> Wheel:
         path=path,
         archive=archive,
         tags=sorted(str(tag) for tag in tags),
-        precompiled=manifests[0].removesuffix("manifest.json"),
+        precompiled=manifests[0].removesuffix(MANIFEST_FILE),
         dist_info=dist_infos[0] if dist_infos else "",
     )
 
@@ -105,7 +107,7 @@ def _torch_requirement(wheel: Wheel) -> str | None:
     return None
 
 
-def _shape_text(model: dict[str, Any], artifact: dict[str, Any]) -> str:
+def _shape_text(model: ModelEntry, artifact: ArtifactEntry) -> str:
     """The shape variant: the dims it is specialised to, or "dynamic" and the ranges."""
     specialized = artifact["specialized"]
     dynamic = [f"{name} {dim['min']}-{dim['max']}" for name, dim in model["dims"].items() if dim["dynamic"] and name not in specialized]
@@ -122,7 +124,7 @@ def _human(size: float) -> str:
     return f"{size:.1f} GiB"
 
 
-def _short_torch(built_with: dict[str, Any]) -> str:
+def _short_torch(built_with: BuiltWith) -> str:
     return f"{built_with['torch']} (git {built_with['torch_git'][:12]})"
 
 
@@ -162,7 +164,7 @@ def inspect(args: argparse.Namespace) -> int:
     return OK
 
 
-def _wheel_summary(wheel: Wheel, manifest: dict[str, Any]) -> dict[str, Any]:
+def _wheel_summary(wheel: Wheel, manifest: Manifest) -> dict[str, Any]:
     artifacts = [a for model in manifest["models"].values() for a in model["artifacts"]]
     return {
         "wheel": wheel.path.name,
@@ -177,7 +179,7 @@ def _wheel_summary(wheel: Wheel, manifest: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _artifact_rows(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+def _artifact_rows(manifest: Manifest) -> list[dict[str, Any]]:
     rows = []
     for name, model in sorted(manifest["models"].items()):
         for artifact in model["artifacts"]:
@@ -273,7 +275,7 @@ def _failure_summary(failed: list[dict[str, Any]], models: dict[str, Any]) -> st
     return "; ".join(parts)
 
 
-def _verify_files(wheel: Wheel) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+def _verify_files(wheel: Wheel) -> tuple[Manifest | None, list[dict[str, Any]]]:
     """(the manifest if it matches its digest, else None; one result per file under _precompiled/)."""
     manifest, results = _verify_manifest(wheel)
     names = set(wheel.archive.namelist())
@@ -294,12 +296,12 @@ def _file_result(name: str, against: str, problem: str) -> dict[str, Any]:
     return {"file": name, "checked_against": against, "ok": not problem, "problem": problem}
 
 
-def _verify_manifest(wheel: Wheel) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+def _verify_manifest(wheel: Wheel) -> tuple[Manifest | None, list[dict[str, Any]]]:
     """The manifest checked against the digest in _build.py, as the loader checks it."""
     from ..runtime import PrecompiledModelError
     from ..runtime._manifest import checked_manifest
 
-    name, build = wheel.precompiled + "manifest.json", wheel.precompiled + "_build.py"
+    name, build = wheel.precompiled + MANIFEST_FILE, wheel.precompiled + BUILD_MODULE
     digest = _recorded_digest(wheel.read(build)) if build in wheel.archive.namelist() else None
     if digest is None:
         return None, [_file_result(name, "_build.py", f"{build} is missing or records no MANIFEST_SHA256; the loader refuses this manifest")]
@@ -309,10 +311,10 @@ def _verify_manifest(wheel: Wheel) -> tuple[dict[str, Any] | None, list[dict[str
         return None, [_file_result(name, "_build.py", str(error).removeprefix(f"{name} "))]
 
 
-def _listed_file_problem(wheel: Wheel, record: dict[str, Any]) -> str:
+def _listed_file_problem(wheel: Wheel, record: Mapping[str, Any]) -> str:
     """How a file the manifest lists differs from its record (size, sha256, and for
     an artifact its header's torch key), as the loader checks it; "" if it matches."""
-    from ..assemble import weights_checksums
+    from ..build.assemble import weights_checksums
     from ..runtime._integrity import digest_mismatch
     from ..runtime._torch_private import ArtifactFormatError, split_artifact
 
@@ -345,9 +347,9 @@ def _record_mismatch(wheel: Wheel, name: str, expected_hash: str, expected_size:
     return f"does not match the wheel's RECORD (size {len(data)}, expected {expected_size}; sha256 {'matches' if actual == expected_hash else 'differs'})"
 
 
-def _manifest_records(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+def _manifest_records(manifest: Manifest) -> list[Mapping[str, Any]]:
     """Every file the manifest lists with its size and sha256."""
-    records = []
+    records: list[Mapping[str, Any]] = []
     for model in manifest["models"].values():
         if "file" in model["weights"]:
             records.append(model["weights"])
@@ -384,7 +386,7 @@ def _read_record(wheel: Wheel) -> dict[str, tuple[str, str]]:
     return {row[0]: (row[1], row[2]) for row in rows if len(row) == 3}
 
 
-def _what_loads_here(manifest: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
+def _what_loads_here(manifest: Manifest | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """Per model: the loader's own choice for this process (`plan`), or why none."""
     from ..runtime import _manifest as loader
     from ..runtime import _why_artifact_form  # what explain() says
@@ -427,5 +429,5 @@ def _what_loads_here(manifest: dict[str, Any] | None) -> tuple[dict[str, Any], d
     return models, environment
 
 
-def _unloadable(model: dict[str, Any], reason: str) -> dict[str, Any]:
+def _unloadable(model: ModelEntry, reason: str) -> dict[str, Any]:
     return {"loads": False, "choices": [], "reason": reason, "fallback": model["fallback"]}

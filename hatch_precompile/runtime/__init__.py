@@ -19,6 +19,8 @@ the "lean form", where the build could check it runs on its own), the compiled
 kernels both use (`kernels/*.so`) and the weights.
 
 The modules here, one job each:
+  _layout.py         the name of every file and folder here
+  _schema.py         the manifest's shape, typed (the build writes it by the same types)
   _manifest.py       read and verify the manifest; choose what fits this process
   _integrity.py      check shipped files against the manifest (weights once per file state)
   _cache.py          the private cache folder where loading may write
@@ -63,6 +65,7 @@ from ._contract import check_inputs, conform_layouts, flatten_call, unflatten
 from ._errors import PrecompiledFallbackWarning, PrecompiledIntegrityError, PrecompiledModelError
 from ._manifest import MANIFEST_FORMAT, Choice, Plan, fallback_policy, plan, read_manifest, unavailable
 from ._ops import OpLibraryError, import_op_libraries
+from ._schema import ModelEntry, SourceModel
 from ._weights import bind_weights, build_module, read_weights
 
 __all__ = ["PrecompiledFallbackWarning", "PrecompiledIntegrityError", "PrecompiledModelError", "explain", "load_compiled"]
@@ -110,17 +113,17 @@ def load_compiled(
                 raise PrecompiledModelError(unavailable(name, model.reason))
             return model
         how = plan(name)
-        if how.choices and name not in _variants:
+        if how.entry is not None and how.choices and name not in _variants:
             try:
-                _variants[name] = _Variants(name, how.model, how.choices)
+                _variants[name] = _Variants(name, how.entry, how.choices)
             except OpLibraryError as error:
-                how = Plan(how.model, [], str(error))
+                how = Plan(how.model, how.entry, [], str(error))
             except (ImportError, OSError) as error:  # the dynamic loader refused a shipped kernel
-                how = Plan(how.model, [], f"a shipped kernel could not be loaded here: {error}")
-        if how.choices:
-            weights = bind_weights(name, how.model, state_dict, module)
-            classes = (outputs or how.model["outputs_form"]) == "classes"
-            model = CompiledModel(name, how.model, _variants[name], weights, classes)
+                how = Plan(how.model, how.entry, [], f"a shipped kernel could not be loaded here: {error}")
+        if how.entry is not None and how.choices:
+            weights = bind_weights(name, how.entry, state_dict, module)
+            classes = (outputs or how.entry["outputs_form"]) == "classes"
+            model = CompiledModel(name, how.entry, _variants[name], weights, classes)
         elif fallback_policy(fallback, how.model) == "error":
             raise PrecompiledModelError(unavailable(name, how.reason))
         else:
@@ -139,7 +142,7 @@ def explain(name: str | None = None) -> str:
     lines = []
     for each in [name] if name is not None else sorted(manifest["models"]):
         how = plan(each, manifest)
-        if not how.choices:
+        if how.entry is None or not how.choices:
             lines.append(f"{each}: {how.reason}; fallback: {fallback_policy(None, how.model)}")
             continue
         described = []
@@ -147,7 +150,7 @@ def explain(name: str | None = None) -> str:
             why = "" if choice.form == "lean" else _why_artifact_form(choice)
             described.append(f"{choice.file} ({choice.form} form{why})")
         line = f"{each}: would load {', '.join(described)} for CPU target {how.choices[0].artifact['cpu_target']}"
-        op_libraries = how.model.get("op_libraries", {})
+        op_libraries = how.entry["op_libraries"]
         if op_libraries:
             line += f", after importing {', '.join(sorted(set(op_libraries.values())))} (custom ops {', '.join(op_libraries)})"
         lines.append(line)
@@ -166,9 +169,9 @@ class _Variants:
     """The loaded shape variants of one model for one CPU target, most
     specialised first; weights are bound by `CompiledModel`."""
 
-    def __init__(self, name: str, model: dict[str, Any], choices: list[Choice]) -> None:
+    def __init__(self, name: str, model: ModelEntry, choices: list[Choice]) -> None:
         self.name, self.dims = name, model["dims"]
-        import_op_libraries(model.get("op_libraries", {}))
+        import_op_libraries(model["op_libraries"])
         ordered = sorted(choices, key=lambda c: len(c.artifact["specialized"]), reverse=True)
         forms = {"lean": _lean.load, "artifact": _artifact.load}
         self.variants = [(c.artifact["specialized"], c.file, forms[c.form](name, model, c.artifact)) for c in ordered]
@@ -186,7 +189,7 @@ class _Variants:
 class CompiledModel:
     """Compiled graphs with weights bound: call it like the module's forward."""
 
-    def __init__(self, name: str, model: dict[str, Any], variants: _Variants, weights: list[Any], classes: bool) -> None:
+    def __init__(self, name: str, model: ModelEntry, variants: _Variants, weights: list[Any], classes: bool) -> None:
         import torch
 
         self.name = name
@@ -236,16 +239,16 @@ def _fall_back(name: str, how: Plan, state_dict: dict[str, Any] | None, module: 
         module = build_module(how.model)
         if state_dict is not None:
             module.load_state_dict(state_dict)
-        elif "file" in how.model.get("weights", {}):
+        elif how.entry is not None and "file" in how.entry["weights"]:
             own = module.state_dict()
-            module.load_state_dict({k: v for k, v in read_weights(how.model["weights"]).items() if k in own}, strict=False)
+            module.load_state_dict({k: v for k, v in read_weights(how.entry["weights"]).items() if k in own}, strict=False)
     return _EagerModel(module.eval(), how.model, how.reason)
 
 
 class _EagerModel:
     """The module built by its factory, called without autograd like the compiled one."""
 
-    def __init__(self, module: Any, config: dict[str, Any], reason: str) -> None:
+    def __init__(self, module: Any, config: SourceModel, reason: str) -> None:
         self.module, self.config, self.reason = module, config, reason
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

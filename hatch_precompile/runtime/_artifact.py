@@ -18,9 +18,10 @@ from ._cache import private_cache_dir
 from ._errors import PrecompiledIntegrityError
 from ._integrity import verified_bytes, verified_kernels
 from ._manifest import HERE
+from ._schema import ArtifactEntry, ModelEntry
 
 
-def load(name: str, model: dict[str, Any], artifact: dict[str, Any]) -> Callable[[list[Any]], Any]:
+def load(name: str, model: ModelEntry, artifact: ArtifactEntry) -> Callable[[list[Any]], Any]:
     """Verify an artifact and its kernels, then unpickle it with the shipped kernels;
     returns a function of the graph's flat inputs (weights, then user inputs)."""
     data = verified_bytes(artifact)

@@ -33,19 +33,20 @@ import hashlib
 import mmap
 import os
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from ._cache import private_cache_dir
 from ._errors import PrecompiledIntegrityError, PrecompiledModelError
 from ._manifest import HERE
+from ._schema import ArtifactEntry, ModelEntry, WeightsEntry
 
 CHUNK_SIZE = 32 << 20  # weights are checked in chunks of this many bytes (a multiple of ROW_SIZE)
 ROW_SIZE = 4096  # bytes whose 64-bit words are summed together: a page, and a file-system block
 
 
-def verified_bytes(record: dict[str, Any]) -> bytes:
+def verified_bytes(record: Mapping[str, Any]) -> bytes:
     """A shipped file's bytes, checked against the manifest's size and sha256.
     The same bytes are then used, so nothing can change in between."""
     path: Path = HERE / record["file"]
@@ -63,7 +64,7 @@ def file_sha256(path: Path) -> str:
         return hashlib.file_digest(stream, "sha256").hexdigest()
 
 
-def verified_path(record: dict[str, Any]) -> Path:
+def verified_path(record: Mapping[str, Any]) -> Path:
     """A shipped file's path, after hashing it (for files loaded by path: the
     dynamic loader opens kernels itself)."""
     path: Path = HERE / record["file"]
@@ -75,12 +76,12 @@ def verified_path(record: dict[str, Any]) -> Path:
     return path
 
 
-def verified_kernels(model: dict[str, Any], artifact: dict[str, Any]) -> dict[str, Path]:
+def verified_kernels(model: ModelEntry, artifact: ArtifactEntry) -> dict[str, Path]:
     """The artifact's kernels by key, each file checked against the manifest."""
     return {key: verified_path(model["kernels"][key]) for key in artifact["kernels"]}
 
 
-def verified_weights(record: dict[str, Any]) -> mmap.mmap:
+def verified_weights(record: WeightsEntry) -> mmap.mmap:
     """The weights file, memory-mapped (copy-on-write), after checking its size and
     each chunk's checksum against the manifest, unless a stamp says this state of the
     file was checked before (see the module's docstring). The check reads through
@@ -139,7 +140,7 @@ def torch_row_sums(data: Any, rows: int) -> bytearray:
     return sums
 
 
-def digest_mismatch(size: int, sha256: str, record: dict[str, Any]) -> str:
+def digest_mismatch(size: int, sha256: str, record: Mapping[str, Any]) -> str:
     """How a file's size and sha256 differ from its manifest record; "" if they match."""
     if size == record["size"] and sha256 == record["sha256"]:
         return ""

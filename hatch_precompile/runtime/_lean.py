@@ -18,9 +18,10 @@ from . import _torch_private
 from ._errors import PrecompiledIntegrityError
 from ._integrity import verified_bytes, verified_kernels
 from ._manifest import HERE
+from ._schema import ArtifactEntry, ModelEntry
 
 
-def load(name: str, model: dict[str, Any], artifact: dict[str, Any]) -> Callable[[list[Any]], Any]:
+def load(name: str, model: ModelEntry, artifact: ArtifactEntry) -> Callable[[list[Any]], Any]:
     """Verify the lean module and its kernels, then run its source; returns a
     function of the graph's flat inputs (weights, then user inputs)."""
     lean = artifact["lean"]

@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from ._errors import PrecompiledIntegrityError, PrecompiledModelError
+from ._layout import BUILD_MODULE, MANIFEST_FILE
+from ._schema import ArtifactEntry, BuiltWith, Manifest, ModelEntry, NativeNeeds, SourceModel
 
 HERE = Path(__file__).resolve().parent
-MANIFEST = HERE / "manifest.json"
+MANIFEST = HERE / MANIFEST_FILE
 MANIFEST_FORMAT = 5  # 4: weights carry per-chunk checksums of row sums; 5: kernels are stable-ABI extensions
 CONFIG_TABLE = ("tool", "hatch", "build", "hooks", "precompile")  # where pyproject.toml declares the models
 
@@ -30,7 +32,7 @@ FORMS = ("auto", "lean", "artifact")
 
 # torch.backends.cpu.get_cpu_capability() levels, lowest first; it honours a user's
 # ATEN_CPU_CAPABILITY downgrade, so a variant above it is never picked.
-_ATEN_LEVELS = ("DEFAULT", "AVX2", "AVX512")
+ATEN_LEVELS = ("DEFAULT", "AVX2", "AVX512")
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,7 @@ class Choice:
     output module and its kernels, no compiler imported) or "artifact" (the
     AOTCompiledArtifact, through torch._inductor)."""
 
-    artifact: dict[str, Any]
+    artifact: ArtifactEntry
     form: str
 
     @property
@@ -50,31 +52,32 @@ class Choice:
 
 @dataclass(frozen=True)
 class Plan:
-    """What loading a model would do: its manifest entry and the variants to load
-    (one CPU target, every shape variant), or none and the reason."""
+    """What loading a model would do: the variants to load (one CPU target, every
+    shape variant), or none and the reason."""
 
-    model: dict[str, Any]
+    model: SourceModel  # what a fallback needs: the manifest entry, or pyproject.toml's table in a source checkout
+    entry: ModelEntry | None  # the manifest entry; None without a manifest
     choices: list[Choice]
     reason: str
 
 
-def plan(name: str, manifest: dict[str, Any] | None = None) -> Plan:
+def plan(name: str, manifest: Manifest | None = None) -> Plan:
     manifest = manifest or read_manifest()
     if manifest is None:
         reason = (
             f"no compiled artifacts next to {HERE} (a source checkout, an editable install, "
             "or a wheel built without the precompile hook)"
         )
-        return Plan(_model_from_source_config(name), [], reason)
+        return Plan(_model_from_source_config(name), None, [], reason)
     model = manifest["models"].get(name)
     if model is None:
         known = ", ".join(sorted(manifest["models"])) or "none"
         raise KeyError(f"no model named {name!r} in {MANIFEST} (models: {known})")
     choices, reason = _choose(model)
-    return Plan(model, choices, reason)
+    return Plan(model, model, choices, reason)
 
 
-def fallback_policy(requested: str | None, model: dict[str, Any]) -> str:
+def fallback_policy(requested: str | None, model: SourceModel) -> str:
     policy = requested or os.environ.get(FALLBACK_VARIABLE) or model["fallback"]
     if policy not in ("eager", "error"):
         source = "the fallback argument" if requested else FALLBACK_VARIABLE
@@ -89,7 +92,7 @@ def unavailable(name: str, reason: str) -> str:
     )
 
 
-def read_manifest() -> dict[str, Any] | None:
+def read_manifest() -> Manifest | None:
     """The manifest, checked against the digest in the generated `_build` module."""
     try:
         data = MANIFEST.read_bytes()
@@ -98,17 +101,17 @@ def read_manifest() -> dict[str, Any] | None:
     try:
         from ._build import MANIFEST_SHA256
     except ImportError:
-        raise PrecompiledIntegrityError(f"{MANIFEST} is present but {HERE / '_build.py'} is not: the install is damaged") from None
+        raise PrecompiledIntegrityError(f"{MANIFEST} is present but {HERE / BUILD_MODULE} is not: the install is damaged") from None
     return checked_manifest(data, MANIFEST_SHA256, MANIFEST)
 
 
-def checked_manifest(data: bytes, expected_sha256: str, where: Path | str) -> dict[str, Any]:
+def checked_manifest(data: bytes, expected_sha256: str, where: Path | str) -> Manifest:
     """A manifest's bytes, parsed after checking them against the digest the build
     recorded and checking their format. (`hatch-precompile verify` calls this on a
     wheel's manifest; `where` names the file in messages.)"""
     if hashlib.sha256(data).hexdigest() != expected_sha256:
         raise PrecompiledIntegrityError(f"{where} does not match the digest the build recorded: it was modified")
-    manifest: dict[str, Any] = json.loads(data)
+    manifest: Manifest = json.loads(data)
     if manifest.get("format") != MANIFEST_FORMAT:
         raise PrecompiledModelError(f"{where} has format {manifest.get('format')!r}; this loader reads format {MANIFEST_FORMAT}")
     return manifest
@@ -134,7 +137,7 @@ def requested_form() -> str:
     return form
 
 
-def _choose(model: dict[str, Any]) -> tuple[list[Choice], str]:
+def _choose(model: ModelEntry) -> tuple[list[Choice], str]:
     """The variants (every shape) of the best CPU target this process can run, each
     in the form to load, or none and why none fits.
 
@@ -143,7 +146,7 @@ def _choose(model: dict[str, Any]) -> tuple[list[Choice], str]:
     key, torch_key(), hashes every torch source file and costs a second to compute."""
     here = _running_environment()
     form = requested_form()
-    targets: dict[str, list[dict[str, Any]]] = {}
+    targets: dict[str, list[ArtifactEntry]] = {}
     for artifact in sorted(model["artifacts"], key=lambda a: _aten_level(a["aten_capability"]), reverse=True):
         targets.setdefault(artifact["cpu_target"], []).append(artifact)
     forced = os.environ.get(CPU_TARGET_VARIABLE)
@@ -184,7 +187,7 @@ def _choose(model: dict[str, Any]) -> tuple[list[Choice], str]:
     return [], f"no shipped artifact fits this process: {'; '.join(reasons)}; {running}"
 
 
-def form_problems(built: dict[str, Any], here: dict[str, Any], requested: str) -> dict[str, list[str]]:
+def form_problems(built: BuiltWith, here: dict[str, Any], requested: str) -> dict[str, list[str]]:
     """Why each form ("lean", "artifact") cannot run here, given the torch and
     Python the variants were built with; an empty list where it can.
 
@@ -215,14 +218,14 @@ def form_problems(built: dict[str, Any], here: dict[str, Any], requested: str) -
     return {"lean": lean, "artifact": artifact}
 
 
-def _form_for(artifact: dict[str, Any], forms: dict[str, list[str]]) -> str | None:
+def _form_for(artifact: ArtifactEntry, forms: dict[str, list[str]]) -> str | None:
     """The form one variant loads in: lean where the build shipped it and it fits, else the artifact if that fits."""
     if "file" in artifact["lean"] and not forms["lean"]:
         return "lean"
     return "artifact" if not forms["artifact"] else None
 
 
-def native_problems(native: dict[str, Any]) -> list[str]:
+def native_problems(native: NativeNeeds) -> list[str]:
     """What the kernels need from the system (recorded by the build from their ELF
     files) that this system lacks: a newer glibc, or a libstdc++ without a symbol
     version they use. Decided before any kernel is loaded."""
@@ -277,10 +280,10 @@ def _loaded_libstdcxx() -> Path | None:
 
 
 def _aten_level(capability: str) -> int:
-    return _ATEN_LEVELS.index(capability) if capability in _ATEN_LEVELS else 0
+    return ATEN_LEVELS.index(capability) if capability in ATEN_LEVELS else 0
 
 
-def _model_from_source_config(name: str) -> dict[str, Any]:
+def _model_from_source_config(name: str) -> SourceModel:
     """In a source checkout: the model's factory, dtype, fallback and output form,
     read from the pyproject.toml above this file."""
     for directory in HERE.parents:

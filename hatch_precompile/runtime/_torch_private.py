@@ -1,7 +1,7 @@
 """The loader's uses of torch's private internals, in one place.
 
 hatch-precompile copies this file into wheels with the loader; the build side's
-own uses are in `hatch_precompile/torch_internals.py`, which does not ship. A
+own uses are in `hatch_precompile/worker/torch_internals.py`, which does not ship. A
 torch upgrade touches only these two modules, and
 `tests/test_torch_assumptions.py` checks each assumption below against the
 installed torch, failing loudly when one stops holding.
@@ -37,7 +37,7 @@ What it relies on (measured on torch 2.13):
   size and stride check of a fallback op's output; `assert_tensor_metadata`
   below is a copy), plus three names that are unused unless optional inductor
   features are on. The build rewrites those
-  imports and each `cpp_pybinding` call (`hatch_precompile/lean.py`); the loader
+  imports and each `cpp_pybinding` call (`hatch_precompile/worker/lean.py`); the loader
   binds the names in `LEAN_BINDINGS`. Everything else the module uses comes from
   `import torch` itself (`torch._C._dynamo.guards` helpers, `torch.ops.inductor`).
 """

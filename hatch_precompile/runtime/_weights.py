@@ -13,6 +13,7 @@ from ._contract import import_object
 from ._errors import PrecompiledIntegrityError
 from ._integrity import verified_weights
 from ._manifest import HERE
+from ._schema import ModelEntry, SourceModel, WeightsEntry
 
 # safetensors' dtype names -> torch's
 _DTYPES = {
@@ -22,7 +23,7 @@ _DTYPES = {
 }  # fmt: skip
 
 
-def read_weights(weights: dict[str, Any]) -> dict[str, Any]:
+def read_weights(weights: WeightsEntry) -> dict[str, Any]:
     """The shipped tensors by name: views of the checked, memory-mapped file (no
     copy, no pickle); tied weights are stored once and bound under each name."""
     tensors = safetensors_views(verified_weights(weights), HERE / weights["file"])
@@ -58,7 +59,7 @@ def safetensors_views(mapping: Any, path: Path) -> dict[str, Any]:
     return tensors
 
 
-def bind_weights(name: str, model: dict[str, Any], state_dict: dict[str, Any] | None, module: Any) -> list[Any]:
+def bind_weights(name: str, model: ModelEntry, state_dict: dict[str, Any] | None, module: Any) -> list[Any]:
     """The tensors the compiled graph takes before the user inputs, in its order,
     from the caller's module or state_dict, the factory, or the shipped file;
     constants no module attribute holds always come from the shipped file. Each
@@ -108,11 +109,11 @@ def _tensor_lookup(module: Any) -> Callable[[str], Any]:
     return lookup
 
 
-def build_module(model: dict[str, Any]) -> Any:
+def build_module(model: SourceModel) -> Any:
     """The factory's module, converted to the compiled dtype, in eval mode."""
     import torch
 
     module = import_object(model["factory"])()
-    if model.get("dtype"):
+    if model["dtype"]:
         module = module.to(getattr(torch, model["dtype"]))
     return module.eval()

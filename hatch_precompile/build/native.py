@@ -22,6 +22,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..runtime._schema import NativeNeeds
+
 _MANYLINUX = re.compile(r"^manylinux_(\d+)_(\d+)_(\w+)$")
 _PYTHON_LIBRARY = re.compile(r"^libpython3\.\d+")
 
@@ -70,7 +72,7 @@ class SystemNeeds:
     libraries: tuple[str, ...]
     policy: str  # e.g. "manylinux_2_24_x86_64"
 
-    def manifest(self) -> dict[str, object]:
+    def manifest(self) -> NativeNeeds:
         return {"glibc": self.glibc, "glibcxx": self.glibcxx, "libraries": list(self.libraries), "policy": self.policy}
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config import ConfigError, PrecompileConfig
-from .runtime._cache import user_cache_root
+from ..runtime._cache import user_cache_root
 
 JOBS_VARIABLE = "HATCH_PRECOMPILE_JOBS"
 CACHE_VARIABLE = "HATCH_PRECOMPILE_BUILD_CACHE"  # a folder, or "off"

@@ -1,6 +1,6 @@
 """The build, whatever the backend: ready the source tree, compile the models, lay out `_precompiled/`.
 
-The hatch hook (`plugin.py`) and the setuptools backend (`setuptools_backend.py`)
+The hatch hook (`backend/hatch_hook.py`) and the setuptools backend (`backend/setuptools_backend.py`)
 each call `ready_source` and `precompile` and hand the result to their wheel
 builder; `compile_part` does the same work into a part folder (`parts.py`). No
 torch here: compile work happens in the workers (`jobs.py`).
@@ -16,11 +16,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .assemble import PRECOMPILED_DIR, assemble, runtime_requirements, torch_version, wheel_tag
+from ..runtime._layout import PRECOMPILED_DIR
+from .assemble import assemble, runtime_requirements, torch_version, wheel_tag
 from .cache import EntryStore
 from .config import ConfigError, PrecompileConfig, parse_config
 from .errors import BuildEnvironmentError
-from .jobs import BuildPlan, BuiltModel, compile_models, default_jobs
+from .jobs import BuildPlan, compile_models, default_jobs
+from .protocol import BuiltModel
 from .parts import choose, read_parts, write_part_file
 from .project import find_package, import_paths, read_table, write_source_loader
 from .settings import resolve_settings
@@ -97,8 +99,7 @@ def precompile(root: Path, config: PrecompileConfig, package: str, package_dir: 
     compiled = compile_models(list(config.models.values()), plan, report.info, report.success)
     report.info(f"precompile: {len(compiled)} model(s) in {time.perf_counter() - started:.1f} s ({_origins(compiled)})")
     entries = {name: model.entry for name, model in compiled.items()}
-    fallback = {m.name: m.fallback for m in config.models.values()}
-    files = assemble(staging, package, fallback, entries)
+    files = assemble(staging, package, entries)
     artifacts = [a for entry in entries.values() for a in entry["artifacts"]]
     stable_abi = all("file" in a["lean"] for a in artifacts)
     return Precompiled(files, wheel_tag([a["native"]["policy"] for a in artifacts], stable_abi))

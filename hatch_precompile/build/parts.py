@@ -24,7 +24,7 @@ from typing import Any
 
 from .cache import Claim, plugin_fingerprint
 from .config import TABLE, ConfigError, ModelConfig, PrecompileConfig
-from .jobs import BuiltModel
+from .protocol import BuiltModel
 from .settings import PARTS_VARIABLE
 
 PART_FILE = "part.json"

@@ -11,9 +11,11 @@ from typing import Any
 
 import torch
 
+from ..build.config import ModelConfig
+from ..runtime._layout import WEIGHTS_FILE
+from ..runtime._schema import WeightsEntry
 from .capture import Captured
 
-WEIGHTS_FILE = "weights.safetensors"
 _LIFTED_KINDS = ("PARAMETER", "BUFFER", "CONSTANT_TENSOR")
 
 
@@ -28,16 +30,16 @@ def lifted_weights(captured: Captured) -> dict[str, torch.Tensor]:
     }
 
 
-def save_weights(model: dict[str, Any], captured: Captured, out_dir: Path) -> dict[str, Any]:
+def save_weights(model: ModelConfig, captured: Captured, out_dir: Path) -> WeightsEntry:
     """Write what the wheel ships of the weights; return the manifest's description:
     every lifted tensor's kind, shape and dtype (the loader checks weights given at
     run time against it). `embed` ships all of them; `factory` only the constants,
     which no module attribute holds."""
     kinds = {s.target: s.kind.name for s in captured.exported.graph_signature.input_specs if s.kind.name in _LIFTED_KINDS}
     tensors = lifted_weights(captured)
-    shipped = {n: t for n, t in tensors.items() if model["weights"] == "embed" or kinds[n] == "CONSTANT_TENSOR"}
-    entry: dict[str, Any] = {
-        "mode": model["weights"],
+    shipped = {n: t for n, t in tensors.items() if model.weights == "embed" or kinds[n] == "CONSTANT_TENSOR"}
+    entry: WeightsEntry = {
+        "mode": model.weights,
         "order": list(tensors),
         "specs": {
             n: {"kind": kinds[n], "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
@@ -59,7 +61,7 @@ def save_weights(model: dict[str, Any], captured: Captured, out_dir: Path) -> di
         # safetensors refuses tensors that share memory (views): store copies.
         unique = {n: t.contiguous().clone() for n, t in shipped.items() if n not in aliases}
         save_file(unique, str(out_dir / WEIGHTS_FILE))
-        entry.update(file=WEIGHTS_FILE, aliases=aliases)
+        entry["file"], entry["aliases"] = WEIGHTS_FILE, aliases
     return entry
 
 

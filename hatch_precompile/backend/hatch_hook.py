@@ -16,9 +16,9 @@ from typing import Any
 
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
-from .assemble import runtime_requirements
-from .build import EDITABLE_MESSAGE, Reporter, check_sdist_pins, precompile, ready_source
-from .config import parse_config
+from ..build.assemble import runtime_requirements
+from ..build.config import parse_config
+from ..build.pipeline import EDITABLE_MESSAGE, Reporter, check_sdist_pins, precompile, ready_source
 
 
 class PrecompileBuildHook(BuildHookInterface):

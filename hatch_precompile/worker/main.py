@@ -1,16 +1,9 @@
-"""The compile worker: `python -m hatch_precompile.worker REQUEST.json`.
+"""The compile worker's process: `python -m hatch_precompile.worker REQUEST.json`.
 
 The hook runs one worker per model so that torch, the project's code and
-inductor's state never enter the build backend's process. Protocol:
-- REQUEST.json: {"model": ModelConfig.to_json(), "out_dir": str, "import_paths": [str],
-  "sources": ArtifactSources.to_json(), "headers": str} (the parts and build cache to take
-  artifacts from; the folder for the compiler's precompiled headers)
-- stdout: one line per finished step, `PROGRESS_PREFIX` followed by JSON
-  {"step": str, "seconds": float | None}; anything else on stdout/stderr is torch's chatter.
-- out_dir/result.json: {"entry": manifest entry, "keys": {artifact file: cache key},
-  "origins": {artifact file: "compiled" | "cached" | "part <folder>"}}
-  or {"error": {"step", "message"}};
-  the exit status is 0 only with an entry.
+inductor's state never enter the build backend's process. What it reads, prints
+and writes is `build.protocol`'s: a `WorkerRequest`, progress lines, and a
+`BuiltModel` or a `WorkerFailure`.
 """
 
 from __future__ import annotations
@@ -23,15 +16,17 @@ import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ..build.protocol import PROGRESS_PREFIX, BuiltModel, WorkerFailure, WorkerRequest, write_result
+from ..runtime._schema import WeightsEntry
 
 if TYPE_CHECKING:
-    from .cache import ArtifactSources
+    from ..build.cache import ArtifactSources
+    from ..build.config import ModelConfig
     from .capture import Captured
     from .compile import ProducedArtifact
 
-PROGRESS_PREFIX = "@hatch-precompile-progress "
-RESULT_FILE = "result.json"
 
 
 @contextmanager
@@ -45,42 +40,38 @@ def _report(description: str, seconds: float | None = None) -> None:
     print(PROGRESS_PREFIX + json.dumps({"step": description, "seconds": None if seconds is None else round(seconds, 2)}), flush=True)
 
 
-def run(request: dict[str, Any]) -> dict[str, Any]:
-    sys.path[:0] = request["import_paths"]
-    model = request["model"]
-    out_dir = Path(request["out_dir"])
+def run(request: WorkerRequest) -> BuiltModel:
+    sys.path[:0] = request.import_paths
     with _step("imported torch"):
         import torch  # noqa: F401  (timed on its own: seconds on a cold disk)
 
         from . import torch_internals
-        from .cache import ArtifactSources
-    sources = ArtifactSources.from_json(request["sources"])
-    with torch_internals.precompiled_headers_in(Path(request["headers"])):
-        return _produce(model, out_dir, sources)
+    with torch_internals.precompiled_headers_in(request.headers):
+        return _produce(request.model, request.out_dir, request.sources)
 
 
-def _produce(model: dict[str, Any], out_dir: Path, sources: ArtifactSources) -> dict[str, Any]:
+def _produce(model: ModelConfig, out_dir: Path, sources: ArtifactSources) -> BuiltModel:
     """Build the module, capture and compile (or fetch) each variant, check the lean forms."""
+    from ..build.errors import ModelBuildError
     from . import torch_internals
     from .accuracy import summary as accuracy_summary
     from .capture import build_module, capture, shape_variants
     from .compile import CHECK_DIR, cpu_targets, model_entry, produce_artifact
-    from .errors import ModelBuildError
     from .weights import lifted_weights, save_weights
 
     with _step("built the module"):
         module, reference = build_module(model)
     produced: list[ProducedArtifact] = []
     first: Captured | None = None
-    weights: dict[str, Any] = {}
+    weights: WeightsEntry | None = None
     for fixed in shape_variants(model):
         shape = ", ".join(f"{dim}={size}" for dim, size in fixed.items()) or "dynamic dims"
         with _step(f"captured with torch.export ({shape})"):
             captured = capture(model, module, fixed, reference)
         if first is None:
             first, weights = captured, save_weights(model, captured, out_dir)
-        elif list(lifted_weights(captured)) != weights["order"]:
-            raise ModelBuildError(model["name"], f"capturing ({shape})", "the weights the graph takes differ between shape variants")
+        elif weights is not None and list(lifted_weights(captured)) != weights["order"]:
+            raise ModelBuildError(model.name, f"capturing ({shape})", "the weights the graph takes differ between shape variants")
         for target in cpu_targets(model):
             started = time.perf_counter()
             artifact = produce_artifact(model, captured, fixed, target, out_dir, sources)
@@ -98,11 +89,11 @@ def _produce(model: dict[str, Any], out_dir: Path, sources: ArtifactSources) -> 
         lean = artifact.entry["lean"]
         form = "lean form" if "file" in lean else f"artifact form only, lean form refused: {lean['refused']}"
         _report(f"{artifact.entry['file']}: {form}")
-    return {
-        "entry": model_entry(model, first, weights, op_libraries, [a.entry for a in produced]),
-        "keys": {a.entry["file"]: a.key for a in produced},
-        "origins": {a.entry["file"]: a.origin for a in produced},
-    }
+    return BuiltModel(
+        model_entry(model, first, weights, op_libraries, [a.entry for a in produced]),
+        {a.entry["file"]: a.key for a in produced},
+        {a.entry["file"]: a.origin for a in produced},
+    )
 
 
 def _check_lean_forms(produced: list[ProducedArtifact], out_dir: Path, op_libraries: dict[str, str]) -> None:
@@ -111,7 +102,7 @@ def _check_lean_forms(produced: list[ProducedArtifact], out_dir: Path, op_librar
     build cache or a part here (they passed that check when compiled, and their
     key pins their code). A module that fails is removed, and its artifact ships
     in the artifact form only, with the reason in the manifest."""
-    from .assemble import KERNELS_DIR
+    from ..runtime._layout import KERNELS_DIR
     from .compile import CHECK_DIR
     from .lean import check_in_fresh_process, check_in_this_process
 
@@ -132,19 +123,15 @@ def _check_lean_forms(produced: list[ProducedArtifact], out_dir: Path, op_librar
 
 
 def main(request_path: str) -> int:
-    from .errors import ModelBuildError
+    from ..build.errors import ModelBuildError
 
-    request = json.loads(Path(request_path).read_text(encoding="utf-8"))
-    result_path = Path(request["out_dir"]) / RESULT_FILE
+    request = WorkerRequest.read(Path(request_path))
+    result: BuiltModel | WorkerFailure
     try:
-        result: dict[str, Any] = run(request)
+        result = run(request)
     except ModelBuildError as error:
-        result = {"error": {"step": error.step, "message": error.message}}
+        result = WorkerFailure(error.step, error.message)
     except Exception:
-        result = {"error": {"step": "building", "message": traceback.format_exc()}}
-    result_path.write_text(json.dumps(result), encoding="utf-8")
-    return 0 if "entry" in result else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+        result = WorkerFailure("building", traceback.format_exc())
+    write_result(request.out_dir, result)
+    return 0 if isinstance(result, BuiltModel) else 1

@@ -16,8 +16,8 @@ from typing import Any
 
 from .options import flatten as flatten_options
 from .options import option_problems
-from .runtime import OUTPUT_FORMS
-from .runtime._manifest import CONFIG_TABLE
+from ..runtime import OUTPUT_FORMS
+from ..runtime._manifest import CONFIG_TABLE
 from .targets import CPU_TARGETS, DEFAULT_CPU_TARGETS
 
 TABLE = ".".join(CONFIG_TABLE)
@@ -199,6 +199,7 @@ class ModelConfig:
         return {
             "name": self.name,
             "factory": self.factory,
+            "fallback": self.fallback,
             "example_inputs": self.example_inputs,
             "args": [_input_json(i) for i in self.args],
             "kwargs": {k: _input_json(i) for k, i in self.kwargs.items()},
@@ -220,6 +221,35 @@ class ModelConfig:
             "accuracy": {k: v for k, v in vars(self.accuracy).items() if v is not None},
         }
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ModelConfig:
+        """The config back from `to_json`'s form, in the compile worker."""
+        return cls(
+            name=data["name"],
+            factory=data["factory"],
+            fallback=data["fallback"],
+            weights=data["weights"],
+            cpu_targets=tuple(data["cpu_targets"]),
+            dtype=data["dtype"],
+            args=tuple(_input_from_json(i) for i in data["args"]),
+            kwargs={k: _input_from_json(i) for k, i in data["kwargs"].items()},
+            example_inputs=data["example_inputs"],
+            dims={
+                name: Dim(
+                    name,
+                    d["min"],
+                    d["max"],
+                    axes=tuple((which, axis) for which, axis in d["axes"]),
+                    buckets=tuple(d["buckets"]),
+                    dynamic=d["dynamic"],
+                )
+                for name, d in data["dims"].items()
+            },
+            options=data["options"],
+            outputs=data["outputs"],
+            accuracy=AccuracyBounds(**data["accuracy"]),
+        )
+
 
 @dataclass(frozen=True)
 class PrecompileConfig:
@@ -234,6 +264,13 @@ def _input_json(spec: TensorInput) -> dict[str, Any]:
     if spec.constant is not None:
         return {"value": spec.constant}
     return {"shape": list(spec.shape), "dtype": spec.dtype, "range": list(spec.value_range or [])}
+
+
+def _input_from_json(data: dict[str, Any]) -> TensorInput:
+    if "value" in data:
+        return TensorInput(constant=data["value"])
+    value_range = tuple(data["range"])
+    return TensorInput(tuple(data["shape"]), data["dtype"], (value_range[0], value_range[1]) if value_range else None)
 
 
 class _Checker:

@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from .config import TABLE
-from .errors import ModelBuildError
+from ..build.config import TABLE, Dim, ModelConfig, TensorInput
+from ..build.errors import ModelBuildError
 from .torch_internals import DimFix, constraint_fixes, decompose, tree_leaves, tree_map, treespec_to_json
 
 
@@ -74,41 +74,40 @@ def import_object(model: str, key: str, spec: str) -> Any:
     return target
 
 
-def build_module(model: dict[str, Any]) -> tuple[torch.nn.Module, torch.nn.Module | None]:
+def build_module(model: ModelConfig) -> tuple[torch.nn.Module, torch.nn.Module | None]:
     """The factory's module, in eval mode, converted to the model's `dtype` if set;
     and, for a bfloat16 or float16 model, the float32 module it was converted
     from (a copy: converting works in place), to check its accuracy against."""
-    factory = import_object(model["name"], "factory", model["factory"])
+    factory = import_object(model.name, "factory", model.factory)
     try:
         module = factory()
     except Exception:
-        raise ModelBuildError(model["name"], f"calling factory {model['factory']!r}", traceback.format_exc()) from None
+        raise ModelBuildError(model.name, f"calling factory {model.factory!r}", traceback.format_exc()) from None
     if not isinstance(module, torch.nn.Module):
         raise ModelBuildError(
-            model["name"],
-            f"calling factory {model['factory']!r}",
+            model.name,
+            f"calling factory {model.factory!r}",
             f"expected it to return a torch.nn.Module, got {type(module).__module__}.{type(module).__qualname__}",
         )
     module.eval()
     reference = None
-    if model["dtype"] in ("bfloat16", "float16"):
+    if model.dtype in ("bfloat16", "float16"):
         reference = copy.deepcopy(module)
-    if model["dtype"]:
-        module = module.to(getattr(torch, model["dtype"]))
+    if model.dtype:
+        module = module.to(getattr(torch, model.dtype))
     return module, reference
 
 
-def shape_variants(model: dict[str, Any]) -> list[dict[str, int]]:
+def shape_variants(model: ModelConfig) -> list[dict[str, int]]:
     """One entry per artifact shape: the dims fixed to a bucket size (the others
     stay dynamic), most dynamic first."""
     variants: list[dict[str, int]] = [{}]
-    for dim, spec in model["dims"].items():
-        sizes = [*spec["buckets"], *([None] if spec["dynamic"] else [])]
-        variants = [{**v, **({dim: size} if size is not None else {})} for v in variants for size in sizes]
+    for dim, spec in model.dims.items():
+        variants = [{**v, **({dim: size} if size is not None else {})} for v in variants for size in spec.variants()]
     return sorted(variants, key=len)
 
 
-def capture(model: dict[str, Any], module: torch.nn.Module, fixed: dict[str, int], reference: torch.nn.Module | None = None) -> Captured:
+def capture(model: ModelConfig, module: torch.nn.Module, fixed: dict[str, int], reference: torch.nn.Module | None = None) -> Captured:
     """Export the model so that exactly the declared dims not in `fixed` are dynamic;
     those in `fixed` are static at the given size. A model torch cannot capture
     stops the build with the reason in the configuration's terms."""
@@ -116,7 +115,7 @@ def capture(model: dict[str, Any], module: torch.nn.Module, fixed: dict[str, int
         return dataclasses.replace(_export(model, module, fixed), reference=reference)
     except _ExportFailed as failed:
         message = _capture_failure(model, module, fixed, failed)
-        raise ModelBuildError(model["name"], "capturing with torch.export", message) from None
+        raise ModelBuildError(model.name, "capturing with torch.export", message) from None
 
 
 class _ExportFailed(Exception):
@@ -128,16 +127,16 @@ class _ExportFailed(Exception):
         self.example_args, self.example_kwargs = args, kwargs
 
 
-def _export(model: dict[str, Any], module: torch.nn.Module, fixed: dict[str, int]) -> Captured:
-    name = model["name"]
-    if model["example_inputs"]:
-        args, kwargs = _example_inputs_from_callable(model)
+def _export(model: ModelConfig, module: torch.nn.Module, fixed: dict[str, int]) -> Captured:
+    name = model.name
+    if model.example_inputs:
+        args, kwargs = _example_inputs_from_callable(model.name, model.example_inputs)
         arg_dims, kwarg_dims = _dims_from_axes(model, args, kwargs)
     else:
         args, kwargs, arg_dims, kwarg_dims = _example_inputs_from_shapes(model, fixed)
 
     export_dims = {
-        d: torch.export.Dim(d, min=spec["min"], max=spec["max"]) for d, spec in model["dims"].items() if d not in fixed
+        d: torch.export.Dim(d, min=spec.min, max=spec.max) for d, spec in model.dims.items() if d not in fixed
     }
 
     def dynamic(value: Any, axes: dict[int, str]) -> Any:
@@ -218,23 +217,23 @@ def _describe_inputs(
 
 
 def _example_inputs_from_shapes(
-    model: dict[str, Any], fixed: dict[str, int]
+    model: ModelConfig, fixed: dict[str, int]
 ) -> tuple[tuple, dict, list[dict[int, str]], dict[str, dict[int, str]]]:
-    specs = [*model["args"], *model["kwargs"].values()]
-    static_sizes = {s for spec in specs for s in spec.get("shape", []) if isinstance(s, int)}
+    specs = [*model.args, *model.kwargs.values()]
+    static_sizes = {s for spec in specs for s in spec.shape if isinstance(s, int)}
     static_sizes |= set(fixed.values())
-    example_size = {d: fixed.get(d) or _example_size(spec["min"], spec["max"], static_sizes) for d, spec in model["dims"].items()}
+    example_size = {d: fixed.get(d) or _example_size(spec.min, spec.max, static_sizes) for d, spec in model.dims.items()}
     generator = torch.Generator().manual_seed(0)
 
-    def make(spec: dict[str, Any]) -> tuple[Any, dict[int, str]]:
-        if "value" in spec:
-            return spec["value"], {}
-        shape = [example_size[s] if isinstance(s, str) else s for s in spec["shape"]]
-        dims = {axis: s for axis, s in enumerate(spec["shape"]) if isinstance(s, str)}
-        return _random_tensor(shape, getattr(torch, spec["dtype"]), spec["range"], generator), dims
+    def make(spec: TensorInput) -> tuple[Any, dict[int, str]]:
+        if spec.constant is not None:
+            return spec.constant, {}
+        shape = [example_size[s] if isinstance(s, str) else s for s in spec.shape]
+        dims = {axis: s for axis, s in enumerate(spec.shape) if isinstance(s, str)}
+        return _random_tensor(shape, getattr(torch, spec.dtype), spec.value_range, generator), dims
 
-    made_args = [make(spec) for spec in model["args"]]
-    made_kwargs = {key: make(spec) for key, spec in model["kwargs"].items()}
+    made_args = [make(spec) for spec in model.args]
+    made_kwargs = {key: make(spec) for key, spec in model.kwargs.items()}
     return (
         tuple(t for t, _ in made_args),
         {k: t for k, (t, _) in made_kwargs.items()},
@@ -252,7 +251,7 @@ def _example_size(low: int, high: int, avoid: set[int]) -> int:
     return max(low, 2)
 
 
-def _random_tensor(shape: list[int], dtype: torch.dtype, value_range: list[float], generator: torch.Generator) -> torch.Tensor:
+def _random_tensor(shape: list[int], dtype: torch.dtype, value_range: tuple[float, float] | None, generator: torch.Generator) -> torch.Tensor:
     if dtype == torch.bool:
         return torch.randint(0, 2, shape, generator=generator).bool()
     if dtype.is_floating_point:
@@ -279,13 +278,13 @@ def _in_call_layout(value: Any) -> Any:
     return value
 
 
-def _example_inputs_from_callable(model: dict[str, Any]) -> tuple[tuple, dict]:
+def _example_inputs_from_callable(model: str, spec: str) -> tuple[tuple, dict]:
     key = "example-inputs"
-    make = import_object(model["name"], key, model["example_inputs"])
+    make = import_object(model, key, spec)
     try:
         result = make()
     except Exception:
-        raise ModelBuildError(model["name"], f"calling {key} {model['example_inputs']!r}", traceback.format_exc()) from None
+        raise ModelBuildError(model, f"calling {key} {spec!r}", traceback.format_exc()) from None
     if not (
         isinstance(result, tuple)
         and len(result) == 2
@@ -293,33 +292,33 @@ def _example_inputs_from_callable(model: dict[str, Any]) -> tuple[tuple, dict]:
         and isinstance(result[1], dict)
     ):
         raise ModelBuildError(
-            model["name"],
-            f"calling {key} {model['example_inputs']!r}",
+            model,
+            f"calling {key} {spec!r}",
             f"expected it to return (args, kwargs): a tuple of a tuple and a dict, got {type(result).__name__}",
         )
     args, kwargs = tree_map(_in_call_layout, (tuple(result[0]), dict(result[1])))
     return args, kwargs
 
 
-def _dims_from_axes(model: dict[str, Any], args: tuple, kwargs: dict) -> tuple[list[dict[int, str]], dict[str, dict[int, str]]]:
+def _dims_from_axes(model: ModelConfig, args: tuple, kwargs: dict) -> tuple[list[dict[int, str]], dict[str, dict[int, str]]]:
     arg_dims: list[dict[int, str]] = [{} for _ in args]
     kwarg_dims: dict[str, dict[int, str]] = {k: {} for k in kwargs}
-    for dim, spec in model["dims"].items():
-        for which, axis in spec["axes"]:
-            where = f"tool.hatch.build.hooks.precompile.models.{model['name']}.dims.{dim}.axes"
+    for dim, spec in model.dims.items():
+        for which, axis in spec.axes:
+            where = f"tool.hatch.build.hooks.precompile.models.{model.name}.dims.{dim}.axes"
             value = (args[which] if which < len(args) else None) if isinstance(which, int) else kwargs.get(which)
             if not isinstance(value, torch.Tensor) or axis >= value.dim():
                 found = "nothing" if value is None else f"a {type(value).__name__}" + (
                     f" with {value.dim()} dims" if isinstance(value, torch.Tensor) else ""
                 )
                 raise ModelBuildError(
-                    model["name"], "reading example inputs", f"{where}: '{which}:{axis}' expects a tensor with an axis {axis}, found {found}"
+                    model.name, "reading example inputs", f"{where}: '{which}:{axis}' expects a tensor with an axis {axis}, found {found}"
                 )
             (arg_dims[which] if isinstance(which, int) else kwarg_dims[which])[axis] = dim
     return arg_dims, kwarg_dims
 
 
-def _capture_failure(model: dict[str, Any], module: torch.nn.Module, fixed: dict[str, int], failed: _ExportFailed) -> str:
+def _capture_failure(model: ModelConfig, module: torch.nn.Module, fixed: dict[str, int], failed: _ExportFailed) -> str:
     """Why torch.export could not capture the model, in the configuration's terms
     where that can be found, then torch's own message.
 
@@ -338,7 +337,7 @@ def _capture_failure(model: dict[str, Any], module: torch.nn.Module, fixed: dict
             "tuples, lists, dicts or library output classes (for a transformers decoder, set `use_cache=False` "
             f"in its config, so that it returns no cache object)\n\ntorch's message:\n{message}"
         )
-    dynamic = [d for d in model["dims"] if d not in fixed and d in failed.example_sizes]
+    dynamic = [d for d in model.dims if d not in fixed and d in failed.example_sizes]
     if not dynamic:
         return message
     static = {d: failed.example_sizes[d] for d in dynamic}
@@ -358,14 +357,14 @@ def _capture_failure(model: dict[str, Any], module: torch.nn.Module, fixed: dict
             f"the model's code must change\n\ntorch's message:\n{message}"
         )
     blocking = [d for d in dynamic if _exports(model, module, {**fixed, d: static[d]})]
-    by_axes = bool(model["example_inputs"])
+    by_axes = bool(model.example_inputs)
     items = []
     for dim in blocking or dynamic:
-        path = f"{TABLE}.models.{model['name']}.dims.{dim}"
+        path = f"{TABLE}.models.{model.name}.dims.{dim}"
         advice = f"Make it static by removing `{dim}` from dims" if by_axes else (
             f"Declare the sizes the model supports as buckets, e.g. `{dim} = [{static[dim]}]` (a static artifact each)"
         )
-        items.append(f"  - {path} = {_declared(model['dims'][dim])}\n    {advice}, or fix the model so that it does not need a fixed {dim}.")
+        items.append(f"  - {path} = {_declared(model.dims[dim])}\n    {advice}, or fix the model so that it does not need a fixed {dim}.")
     if blocking:
         head = f"the model's code needs a fixed size for {_count(blocking, 'declared dim')}: torch.export captures it with {_listed(blocking)} static, not dynamic:"
     else:
@@ -373,7 +372,7 @@ def _capture_failure(model: dict[str, Any], module: torch.nn.Module, fixed: dict
     return f"{head}\n" + "\n".join(items) + f"\n\ntorch's message:\n{message}"
 
 
-def _exports(model: dict[str, Any], module: torch.nn.Module, fixed: dict[str, int]) -> bool:
+def _exports(model: ModelConfig, module: torch.nn.Module, fixed: dict[str, int]) -> bool:
     """Whether torch.export captures the model with the dims in `fixed` static."""
     try:
         _export(model, module, fixed)
@@ -390,23 +389,23 @@ def _listed(dims: list[str]) -> str:
     return ", ".join(dims[:-1]) + f" and {dims[-1]}" if len(dims) > 1 else dims[0]
 
 
-def _violations(model: dict[str, Any], fixes: dict[str, DimFix]) -> str:
+def _violations(model: ModelConfig, fixes: dict[str, DimFix]) -> str:
     """A constraint violation in the configuration's words: for each declared dim
     that cannot be dynamic over its range, the range as configured, the sizes
     torch found the model works for, and what to change. torch's own text speaks
     of guards and `Dim`s, which the user never wrote."""
     items = []
     for dim, fix in fixes.items():
-        spec = model["dims"][dim]
-        found, advice = _finding(dim, spec, fix, by_axes=bool(model["example_inputs"]))
-        path = f"{TABLE}.models.{model['name']}.dims.{dim}"
+        spec = model.dims[dim]
+        found, advice = _finding(dim, spec, fix, by_axes=bool(model.example_inputs))
+        path = f"{TABLE}.models.{model.name}.dims.{dim}"
         items.append(f"  - {path} = {_declared(spec)}: torch.export found that {found}.\n    {advice}")
     if len(items) == 1:
         return "a declared dim cannot be dynamic over its range:\n" + items[0]
     return f"{len(items)} declared dims cannot be dynamic over their ranges:\n" + "\n".join(items)
 
 
-def _finding(dim: str, spec: dict[str, Any], fix: DimFix, by_axes: bool) -> tuple[str, str]:
+def _finding(dim: str, spec: Dim, fix: DimFix, by_axes: bool) -> tuple[str, str]:
     """(what torch found, what to do) for one dim, in the configuration's terms.
     Models with `example-inputs` cannot declare buckets, so they are told to make
     the dim static instead."""
@@ -418,8 +417,8 @@ def _finding(dim: str, spec: dict[str, Any], fix: DimFix, by_axes: bool) -> tupl
         )
         return f"the model only works when {dim} == {related}", f"{advice}, {fix_model}."
     step = max(fix.scale, 1)  # a constant (scale 0) is a range of one size
-    lowest = max(spec["min"], fix.scale * fix.low + fix.offset)
-    highest = min(spec["max"], fix.scale * fix.high + fix.offset)
+    lowest = max(spec.min, fix.scale * fix.low + fix.offset)
+    highest = min(spec.max, fix.scale * fix.high + fix.offset)
     sizes = range(lowest + (fix.offset - lowest) % step, highest + 1, step)
     static = f"Make it static by removing `{dim}` from dims" if by_axes else ""
     if len(sizes) <= 1:
@@ -445,13 +444,13 @@ def _linear(scale: int, base: str, offset: int) -> str:
     return term if offset == 0 else f"{term} {'+' if offset > 0 else '-'} {abs(offset)}"
 
 
-def _declared(spec: dict[str, Any]) -> str:
+def _declared(spec: Dim) -> str:
     """A dim's declaration as written in the configuration (its inline-table form)."""
-    parts = [f"min = {spec['min']}", f"max = {spec['max']}"]
-    if spec["buckets"]:
-        parts.append(f"buckets = {list(spec['buckets'])}")
-    if spec["axes"]:
-        parts.append("axes = [" + ", ".join(f'"{which}:{axis}"' for which, axis in spec["axes"]) + "]")
+    parts = [f"min = {spec.min}", f"max = {spec.max}"]
+    if spec.buckets:
+        parts.append(f"buckets = {list(spec.buckets)}")
+    if spec.axes:
+        parts.append("axes = [" + ", ".join(f'"{which}:{axis}"' for which, axis in spec.axes) + "]")
     return "{ " + ", ".join(parts) + " }"
 
 

@@ -1,7 +1,8 @@
 """Run one compile worker per model, several at once, and collect what they made.
 
 Shared by the hatch hook and `hatch-precompile compile-part`. Each worker is a
-child process in its own session (`worker.py`), so that stopping it also ends
+child process in its own session (`python -m hatch_precompile.worker`,
+talking `protocol`), so that stopping it also ends
 inductor's compile pool. The first failure, or Ctrl-C, stops every worker and
 raises; the caller removes the scratch folder. Progress arrives as one line per
 finished step, from whichever worker finished it.
@@ -25,7 +26,7 @@ from typing import Any
 from .cache import ArtifactSources, Claim, EntryStore
 from .config import ModelConfig
 from .errors import ModelBuildError
-from .worker import PROGRESS_PREFIX, RESULT_FILE
+from .protocol import PROGRESS_PREFIX, RESULT_FILE, BuiltModel, WorkerFailure, WorkerRequest, read_result
 
 # Memory to allow one worker (capture, inductor, the checks). Measured peaks:
 # 0.4 GB for the build benchmark's small models, 0.94 GB for the transformers
@@ -50,15 +51,6 @@ class BuildPlan:
         """The compiler's precompiled headers: kept in the build cache (shared by
         every build of the same torch and compiler), else scratch."""
         return (self.cache.root if self.cache else self.staging) / "headers"
-
-
-@dataclass(frozen=True)
-class BuiltModel:
-    """What a worker made of one model (the loader's CompiledModel is what a user calls)."""
-
-    entry: dict[str, Any]  # the model's manifest entry; its files lie in the staging folder's `<model>/`
-    keys: dict[str, str]  # artifact file -> cache key
-    origins: dict[str, str]  # artifact file -> "compiled", "cached" or "part <folder>"
 
 
 def default_jobs(models: int) -> int:
@@ -106,18 +98,7 @@ def _compile_one(
     out_dir.mkdir()
     sources = ArtifactSources(plan.claims.get(model.name, {}), plan.cache, plan.keep)
     request = plan.staging / f"{model.name}.request.json"
-    request.write_text(
-        json.dumps(
-            {
-                "model": model.to_json(),
-                "out_dir": str(out_dir),
-                "import_paths": plan.import_paths,
-                "sources": sources.to_json(),
-                "headers": str(plan.headers),
-            }
-        ),
-        encoding="utf-8",
-    )
+    WorkerRequest(model, out_dir, plan.import_paths, sources, plan.headers).write(request)
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(plan.staging / "inductor-cache")}
     if plan.jobs > 1:  # share the cores between the workers' compile pools
         env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(max(1, _cpus() // plan.jobs)))
@@ -137,18 +118,17 @@ def _compile_one(
             worker.wait()
         finally:
             workers.end(worker)
-    result_path = out_dir / RESULT_FILE
-    result = json.loads(result_path.read_text(encoding="utf-8")) if result_path.is_file() else None
-    if worker.returncode != 0 or result is None or "entry" not in result:
-        if result and "error" in result:
-            raise ModelBuildError(model.name, result["error"]["step"], result["error"]["message"])
+    result = read_result(out_dir)
+    if worker.returncode != 0 or not isinstance(result, BuiltModel):
+        if isinstance(result, WorkerFailure):
+            raise ModelBuildError(model.name, result.step, result.message)
         if workers.stopping.is_set():
             raise ModelBuildError(model.name, "compiling", "stopped: another model failed or the build was interrupted")
         tail = log_path.read_text(errors="replace")[-3000:]
         raise ModelBuildError(model.name, "compiling", f"the compile worker exited with {worker.returncode}:\n{tail}")
-    result_path.unlink()
+    (out_dir / RESULT_FILE).unlink()  # the staging folder becomes the wheel's files
     done(f"precompile: {model.name}: done in {time.perf_counter() - started:.1f} s")
-    return BuiltModel(result["entry"], result["keys"], result["origins"])
+    return result
 
 
 class _Workers:

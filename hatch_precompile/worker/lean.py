@@ -29,8 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import __version__, torch_internals
-from .runtime._torch_private import LEAN_BINDINGS
+from .. import __version__
+from ..runtime._schema import ArtifactEntry
+from ..runtime._torch_private import LEAN_BINDINGS
+from . import torch_internals
 
 # The compiler imports inductor writes, by module. The loader binds the names in
 # LEAN_BINDINGS; the others must be unused.
@@ -46,7 +48,7 @@ _COMPILER_IMPORTS = {
 }
 _PLAIN_IMPORTS = {"torch", "math", "cmath", "random", "os", "tempfile", "ctypes"}
 _BENCHMARK_HARNESS = {"get_args", "benchmark_compiled_module"}
-CHECK_MODULE = "hatch_precompile.lean_check"
+CHECK_MODULE = "hatch_precompile.worker.lean_check"
 
 
 class LeanRefused(Exception):
@@ -166,7 +168,7 @@ def _apply(source: str, edits: list[tuple[ast.AST, str]]) -> str:
 class LeanCandidate:
     """A rewritten module waiting for its check, with what to check it against."""
 
-    artifact: dict[str, Any]  # its manifest entry, completed by `check_in_fresh_process`
+    artifact: ArtifactEntry  # its manifest entry, completed by `check_in_fresh_process`
     module_path: Path
     data_path: Path  # torch.save of {"flat": [...], "artifact": [...]}: inputs and the artifact's outputs
 

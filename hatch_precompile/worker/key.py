@@ -18,13 +18,15 @@ from typing import Any
 
 import torch
 
+from ..build.cache import plugin_fingerprint
+from ..build.config import ModelConfig
+from ..build.targets import CpuTarget
+from ..runtime._schema import BuiltWith
 from . import torch_internals
-from .cache import plugin_fingerprint
 from .capture import Captured
-from .targets import CpuTarget
 
 
-def artifact_key(model: dict[str, Any], captured: Captured, fixed: dict[str, int], target: CpuTarget) -> str:
+def artifact_key(model: ModelConfig, captured: Captured, fixed: dict[str, int], target: CpuTarget) -> str:
     """What an artifact is compiled from, hashed: equal keys compile to the same bytes.
 
     The graph (with every node's shape, stride and dtype), its signature and
@@ -38,7 +40,7 @@ def artifact_key(model: dict[str, Any], captured: Captured, fixed: dict[str, int
         "signature": str(exported.graph_signature),
         "ranges": {str(symbol): str(bounds) for symbol, bounds in exported.range_constraints.items()},
         "inputs": [captured.input_tree, captured.input_leaves],
-        "model": {k: model[k] for k in ("dims", "dtype", "options")},
+        "model": {k: v for k, v in model.to_json().items() if k in ("dims", "dtype", "options")},
         "fixed": fixed,
         "target": dataclasses.asdict(target),
         "built_with": build_environment(),
@@ -64,7 +66,7 @@ def _describe_value(value: Any) -> str:
     return type(value).__name__
 
 
-def build_environment() -> dict[str, str]:
+def build_environment() -> BuiltWith:
     """What an artifact depends on; the loader compares these with the running process."""
     return {
         "torch": torch.__version__,

@@ -9,7 +9,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from .assemble import PRECOMPILED_DIR, RUNTIME_DIR, RUNTIME_FILES
+from ..runtime._layout import PRECOMPILED_DIR
+from .assemble import RUNTIME_DIR, RUNTIME_FILES
 from .config import TABLE, ConfigError
 
 _NOT_PACKAGES = {"tests", "test", "docs", "examples", "benchmarks", "scripts"}

@@ -17,23 +17,16 @@ from typing import Any
 from packaging.tags import sys_tags
 from packaging.version import Version
 
-from . import __version__
+from .. import __version__
 from .native import stricter_platform
-from .runtime import MANIFEST_FORMAT
-from .runtime._integrity import CHUNK_SIZE, ROW_SIZE, chunk_checksums, file_sha256
+from ..runtime import MANIFEST_FORMAT
+from ..runtime._integrity import CHUNK_SIZE, ROW_SIZE, chunk_checksums, file_sha256
+from ..runtime._layout import BUILD_MODULE, KERNELS_DIR, MANIFEST_FILE, PRECOMPILED_DIR, kernel_file
+from ..runtime._schema import ArtifactEntry, FileDigest, Manifest, ModelEntry
 
-RUNTIME_DIR = Path(__file__).parent / "runtime"
+RUNTIME_DIR = Path(__file__).parent.parent / "runtime"
 # The files of `runtime/` that go into every wheel, as `<package>/_precompiled/<name>`.
 RUNTIME_FILES = tuple(sorted(path.name for path in RUNTIME_DIR.glob("*.py")))
-PRECOMPILED_DIR = "_precompiled"
-BUILD_MODULE = "_build.py"  # generated per build: the manifest's digest
-KERNELS_DIR = "kernels"  # per model: the compiled kernels, k_<key>.so
-
-
-def kernel_file(key: str) -> str:
-    """A kernel's file name: an identifier, so that every shipped file lies at an
-    importable path (what check-wheel-contents' W004 asks of extension modules)."""
-    return f"k_{key}.so"
 
 
 def torch_version() -> str:
@@ -70,7 +63,7 @@ def _torch_platform_tag() -> str | None:
     return None  # torch built from source: no wheel tag to follow
 
 
-def file_record(path: Path) -> dict[str, Any]:
+def file_record(path: Path) -> FileDigest:
     return {"size": path.stat().st_size, "sha256": file_sha256(path)}
 
 
@@ -92,7 +85,7 @@ def _weights_checksums(path: Path) -> list[int]:
         return weights_checksums(mapping)
 
 
-def assemble(staging: Path, package: str, fallback: dict[str, str], entries: dict[str, dict[str, Any]]) -> dict[str, str]:
+def assemble(staging: Path, package: str, entries: dict[str, ModelEntry]) -> dict[str, str]:
     """Complete `staging` (one sub-folder of files per model, already written by the
     workers) with the loader and the manifest. Returns force_include's mapping of
     source file to path in the wheel."""
@@ -102,11 +95,16 @@ def assemble(staging: Path, package: str, fallback: dict[str, str], entries: dic
     models = {}
     for model, compiled in entries.items():
         model_dir = staging / model
-        entry = {**compiled, "fallback": fallback[model]}
+        entry = ModelEntry(**compiled)
         if "file" in entry["weights"]:
-            entry["weights"] = {**entry["weights"], "file": f"{model}/{entry['weights']['file']}"}
-            weights = staging / entry["weights"]["file"]
-            entry["weights"].update(file_record(weights), chunk_size=CHUNK_SIZE, chunk_checksums=_weights_checksums(weights))
+            weights = staging / model / entry["weights"]["file"]
+            entry["weights"] = {
+                **entry["weights"],
+                "file": f"{model}/{entry['weights']['file']}",
+                **file_record(weights),
+                "chunk_size": CHUNK_SIZE,
+                "chunk_checksums": _weights_checksums(weights),
+            }
         entry["artifacts"] = [_artifact_record(model, model_dir, a) for a in entry["artifacts"]]
         kernel_keys = sorted({key for a in entry["artifacts"] for key in a["kernels"]})
         entry["kernels"] = {
@@ -116,7 +114,7 @@ def assemble(staging: Path, package: str, fallback: dict[str, str], entries: dic
         models[model] = entry
     manifest = {"format": MANIFEST_FORMAT, "built_by": f"hatch-precompile {__version__}", "package": package, "models": models}
     manifest_bytes = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
-    (staging / "manifest.json").write_bytes(manifest_bytes)
+    (staging / MANIFEST_FILE).write_bytes(manifest_bytes)
     # The loader checks the manifest against this digest; the wheel's RECORD covers this file.
     (staging / BUILD_MODULE).write_text(
         f'"""Written by hatch-precompile {__version__} at build time."""\n\n'
@@ -124,7 +122,7 @@ def assemble(staging: Path, package: str, fallback: dict[str, str], entries: dic
         encoding="utf-8",
     )
 
-    shipped = [staging / "manifest.json", staging / BUILD_MODULE, *(staging / n for n in RUNTIME_FILES)]
+    shipped = [staging / MANIFEST_FILE, staging / BUILD_MODULE, *(staging / n for n in RUNTIME_FILES)]
     for entry in models.values():
         if "file" in entry["weights"]:
             shipped.append(staging / entry["weights"]["file"])
@@ -134,7 +132,7 @@ def assemble(staging: Path, package: str, fallback: dict[str, str], entries: dic
     return {str(path): f"{package}/{PRECOMPILED_DIR}/{path.relative_to(staging).as_posix()}" for path in shipped}
 
 
-def _artifact_record(model: str, model_dir: Path, artifact: dict[str, Any]) -> dict[str, Any]:
+def _artifact_record(model: str, model_dir: Path, artifact: ArtifactEntry) -> ArtifactEntry:
     """An artifact's manifest entry with its files' paths in the wheel, sizes and sha256."""
     lean = artifact["lean"]
     if "file" in lean:

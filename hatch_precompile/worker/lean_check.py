@@ -22,8 +22,8 @@ from typing import Any
 def check(module: dict[str, Any], kernels_dir: Path) -> str:
     import torch
 
-    from .assemble import kernel_file
-    from .runtime._lean import make_runner
+    from ..runtime._layout import kernel_file
+    from ..runtime._lean import make_runner
 
     kernels = {key: kernels_dir / kernel_file(key) for key in module["kernels"]}
     path = Path(module["file"])
@@ -54,7 +54,7 @@ COMPILER_MODULES = ("torch._inductor", "torch._dynamo")
 
 
 def main(request_path: str) -> int:
-    from .runtime._ops import import_op_libraries
+    from ..runtime._ops import import_op_libraries
 
     request = json.loads(Path(request_path).read_text(encoding="utf-8"))
     import_op_libraries(request["op_libraries"])  # as the loader does; what they import is theirs

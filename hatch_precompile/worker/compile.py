@@ -17,38 +17,41 @@ from typing import Any
 
 import torch
 
+from ..build.cache import ArtifactSources, PartMismatch
+from ..build.config import ModelConfig
+from ..build.errors import ModelBuildError
+from ..build.native import UnprovidedLibraryError, read_needs, system_needs, torch_libraries
+from ..build.targets import CPU_TARGETS, CpuTarget, features_from_flags, host_target, is_x86_64
+from ..runtime import _torch_private
+from ..runtime._layout import KERNELS_DIR, artifact_file, kernel_file, lean_module_file
+from ..runtime._schema import ArtifactEntry, LeanRecord, ModelEntry, WeightsEntry
 from . import torch_internals
 from .accuracy import check_accuracy
-from .assemble import KERNELS_DIR, kernel_file
-from .cache import ArtifactSources, PartMismatch
 from .capture import Captured, _torch_error
-from .errors import ModelBuildError
 from .key import artifact_key, build_environment
 from .lean import LeanCandidate, LeanRefused, rewrite
-from .native import UnprovidedLibraryError, read_needs, system_needs, torch_libraries
-from .runtime import _torch_private
-from .targets import CPU_TARGETS, CpuTarget, features_from_flags, is_x86_64
 from .weights import lifted_weights
 
 CHECK_DIR = "lean-check"  # scratch: inputs and expected outputs for the fresh-process check
 
 def model_entry(
-    model: dict[str, Any], captured: Captured, weights: dict[str, Any], op_libraries: dict[str, str], artifacts: list[dict[str, Any]]
-) -> dict[str, Any]:
+    model: ModelConfig, captured: Captured, weights: WeightsEntry, op_libraries: dict[str, str], artifacts: list[ArtifactEntry]
+) -> ModelEntry:
     """The model's manifest entry (less file sizes and hashes, added at assembly)."""
     exported = captured.exported
     return {
-        "factory": model["factory"],
-        "dtype": model["dtype"],
-        "outputs_form": model["outputs"],
+        "factory": model.factory,
+        "dtype": model.dtype,
+        "fallback": model.fallback,
+        "outputs_form": model.outputs,
         "inputs": {"tree": captured.input_tree, "leaves": captured.input_leaves},
         "outputs": {
             "tree": torch_internals.treespec_to_json(exported.call_spec.out_spec),
             "leaves": _output_leaves(exported, captured),
         },
         "dims": {
-            d: {"min": spec["min"], "max": spec["max"], "buckets": spec["buckets"], "dynamic": spec["dynamic"]}
-            for d, spec in model["dims"].items()
+            d: {"min": spec.min, "max": spec.max, "buckets": spec.buckets, "dynamic": spec.dynamic}
+            for d, spec in model.dims.items()
         },
         "weights": weights,
         "op_libraries": op_libraries,
@@ -56,18 +59,12 @@ def model_entry(
     }
 
 
-def cpu_targets(model: dict[str, Any]) -> list[CpuTarget]:
+def cpu_targets(model: ModelConfig) -> list[CpuTarget]:
     """The configured x86-64 targets; elsewhere one target for the build machine's CPU."""
     if is_x86_64():
-        return [CPU_TARGETS[name] for name in model["cpu_targets"]]
+        return [CPU_TARGETS[name] for name in model.cpu_targets]
     features = tuple(sorted(k for k, v in torch.cpu.get_capabilities().items() if v is True))
-    return [CpuTarget("host", simdlen=0, march="", features=features, aten_capability="DEFAULT")]
-
-
-def artifact_file(target: CpuTarget, fixed: dict[str, int]) -> str:
-    """cpu_avx2.bin, cpu_avx2_batch8.bin: identifiers, so that the lean modules
-    (cpu_avx2.py) lie at importable paths, as packaging checkers expect."""
-    return f"cpu_{target.name}{''.join(f'_{dim}{size}' for dim, size in sorted(fixed.items()))}.bin"
+    return [host_target(features)]
 
 
 @dataclass
@@ -75,7 +72,7 @@ class ProducedArtifact:
     """An artifact in its model's folder, where it came from, and its lean module
     waiting for the fresh-process check (None where refused, or not run here)."""
 
-    entry: dict[str, Any]
+    entry: ArtifactEntry
     key: str
     origin: str  # "compiled", "cached", or "part <folder>"
     candidate: LeanCandidate | None
@@ -83,14 +80,14 @@ class ProducedArtifact:
 
 
 def produce_artifact(
-    model: dict[str, Any], captured: Captured, fixed: dict[str, int], target: CpuTarget, out_dir: Path, sources: ArtifactSources
+    model: ModelConfig, captured: Captured, fixed: dict[str, int], target: CpuTarget, out_dir: Path, sources: ArtifactSources
 ) -> ProducedArtifact:
     """One shape variant for one CPU target, from a part or the build cache when
     one holds it under its key, else compiled; either way run on the example
     inputs and checked against eager (where this machine's CPU can run it)."""
-    name = model["name"]
+    name = model.name
     key = artifact_key(model, captured, fixed, target)
-    file = artifact_file(target, fixed)
+    file = artifact_file(target.name, fixed)
     try:
         entry, origin = sources.fetch(key, file, out_dir, build_environment())
     except PartMismatch as mismatch:
@@ -110,14 +107,14 @@ def produce_artifact(
 
 
 def _compile(
-    model: dict[str, Any], captured: Captured, fixed: dict[str, int], target: CpuTarget, out_dir: Path, file: str, flat: list[Any]
-) -> tuple[dict[str, Any], list[Any], tuple[str, list[int], str]]:
+    model: ModelConfig, captured: Captured, fixed: dict[str, int], target: CpuTarget, out_dir: Path, file: str, flat: list[Any]
+) -> tuple[ArtifactEntry, list[Any], tuple[str, list[int], str]]:
     """Compile, write the artifact and its kernels into `out_dir`; returns its
     manifest entry (less the lean record), its outputs on `flat`, and its output
     module (`torch_internals.output_module`)."""
-    name = model["name"]
+    name = model.name
     step = f"compiling for CPU target {target.name!r}"
-    config = {**model["options"]}
+    config = {**model.options}
     isa, isa_flags = "", ""
     if target.simdlen:
         try:
@@ -153,7 +150,7 @@ def _compile(
     except UnprovidedLibraryError as error:
         raise ModelBuildError(name, "checking the compiled kernels' native dependencies", str(error)) from None
     torch_internals.save_artifact(artifact, str(out_dir / file))
-    entry = {
+    entry: ArtifactEntry = {
         "file": file,
         "specialized": fixed,
         "device": "cpu",
@@ -168,7 +165,7 @@ def _compile(
     return entry, outputs, torch_internals.output_module(artifact)
 
 
-def _run_saved(out_dir: Path, entry: dict[str, Any], flat: list[Any]) -> list[Any]:
+def _run_saved(out_dir: Path, entry: ArtifactEntry, flat: list[Any]) -> list[Any]:
     """Load a saved artifact as the loader's artifact form does (its kernels from
     the files beside it, never a compiler) and run it on `flat`."""
     _, payload = _torch_private.split_artifact((out_dir / entry["file"]).read_bytes())
@@ -180,16 +177,16 @@ def _run_saved(out_dir: Path, entry: dict[str, Any], flat: list[Any]) -> list[An
 
 
 def _static_lean_record(
-    model: dict[str, Any], captured: Captured, output_module: tuple[str, list[int], str], entry: dict[str, Any], out_dir: Path
-) -> dict[str, Any]:
+    model: ModelConfig, captured: Captured, output_module: tuple[str, list[int], str], entry: ArtifactEntry, out_dir: Path
+) -> LeanRecord:
     """Write the artifact's lean module, or say why there is none; the module is
     then run in a fresh process (`lean.check_in_fresh_process`)."""
     source, inputs_to_check, refused = output_module
     refused = refused or torch_internals.wrapper_work(captured.exported)
-    module_path = out_dir / entry["file"].replace(".bin", ".py")
+    module_path = out_dir / lean_module_file(entry["file"])
     if not refused:
         try:
-            lean = rewrite(source, set(entry["kernels"]), f"{model['name']}/{module_path.name}")
+            lean = rewrite(source, set(entry["kernels"]), f"{model.name}/{module_path.name}")
         except LeanRefused as reason:
             refused = str(reason)
     if refused:
@@ -198,7 +195,7 @@ def _static_lean_record(
     return {"file": module_path.name, "extern_kernels": lean.extern_kernels, "inputs_to_check": inputs_to_check}
 
 
-def _lean_candidate(entry: dict[str, Any], flat: list[Any], artifact_outputs: list[Any], out_dir: Path) -> LeanCandidate | None:
+def _lean_candidate(entry: ArtifactEntry, flat: list[Any], artifact_outputs: list[Any], out_dir: Path) -> LeanCandidate | None:
     """The lean module, with what to check it against (the artifact's outputs, which
     passed the accuracy check), where the entry has one."""
     if "file" not in entry["lean"]:

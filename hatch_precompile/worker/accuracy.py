@@ -22,42 +22,34 @@ Every artifact's figures go into the manifest and the build's progress lines.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from .errors import ModelBuildError
+from ..build.config import AccuracyBounds, ModelConfig
+from ..build.errors import ModelBuildError
 
 ELEMENTWISE = {"rtol": 1e-4, "atol": 1e-5}  # float32 against eager
-
-
-@dataclass(frozen=True)
-class Bounds:
-    """The worst an output may be against the float32 model (None: not checked)."""
-
-    max_relative_error: float | None
-    min_cosine: float | None
 
 
 # About 4x the figures measured on real architectures (see the docstring): a
 # cosine of 0.999 is a relative error of about 4.5%.
 DEFAULT_BOUNDS = {
-    "bfloat16": Bounds(max_relative_error=0.04, min_cosine=0.999),
-    "float16": Bounds(max_relative_error=0.01, min_cosine=0.9999),
+    "bfloat16": AccuracyBounds(max_relative_error=0.04, min_cosine=0.999),
+    "float16": AccuracyBounds(max_relative_error=0.01, min_cosine=0.9999),
 }
 
 
-def bounds_for(model: dict[str, Any]) -> Bounds | None:
+def bounds_for(model: ModelConfig) -> AccuracyBounds | None:
     """The model's `accuracy` bounds, each missing one taken from its dtype's
     defaults; None for a float32 model without an `accuracy` table."""
-    default = DEFAULT_BOUNDS.get(model["dtype"] or "float32", Bounds(None, None))
-    configured = model.get("accuracy") or {}
-    bounds = Bounds(
-        configured.get("max_relative_error", default.max_relative_error),
-        configured.get("min_cosine", default.min_cosine),
+    default = DEFAULT_BOUNDS.get(model.dtype or "float32", AccuracyBounds())
+    configured = model.accuracy
+    bounds = AccuracyBounds(
+        default.max_relative_error if configured.max_relative_error is None else configured.max_relative_error,
+        default.min_cosine if configured.min_cosine is None else configured.min_cosine,
     )
-    return None if bounds == Bounds(None, None) else bounds
+    return None if bounds == AccuracyBounds() else bounds
 
 
 def reference_inputs(args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
@@ -82,13 +74,13 @@ def figures(compiled: torch.Tensor, reference: torch.Tensor) -> dict[str, float]
 
 
 def check_accuracy(
-    model: dict[str, Any], compiled: list[Any], eager: list[Any], reference: list[Any] | None
+    model: ModelConfig, compiled: list[Any], eager: list[Any], reference: list[Any] | None
 ) -> dict[str, Any]:
     """Check a compiled artifact's outputs (see the module docstring); returns the
     manifest's record of them, or raises ModelBuildError saying which output
     missed which bound, and by how much. `reference` is the float32 module's
     outputs for a model of lower precision, else None (eager is the reference)."""
-    name, step = model["name"], "checking against eager"
+    name, step = model.name, "checking against eager"
     if len(compiled) != len(eager):
         raise ModelBuildError(name, step, f"{len(compiled)} compiled outputs, {len(eager)} eager ones")
     against = "float32 eager" if reference is not None else "eager"
@@ -115,7 +107,7 @@ def check_accuracy(
     return {"against": against, "outputs": records}
 
 
-def _check_bounds(name: str, index: int, measured: dict[str, float], bounds: Bounds, against: str) -> None:
+def _check_bounds(name: str, index: int, measured: dict[str, float], bounds: AccuracyBounds, against: str) -> None:
     missed = []
     error, cosine = measured["relative_error"], measured["cosine"]
     if bounds.max_relative_error is not None and not error <= bounds.max_relative_error:  # NaN misses too

@@ -28,15 +28,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .assemble import KERNELS_DIR, kernel_file
-from .runtime._integrity import file_sha256
+from ..runtime._layout import KERNELS_DIR, kernel_file
+from ..runtime._integrity import file_sha256
+from ..runtime._schema import ArtifactEntry, BuiltWith
 
 ENTRY_FILE = "entry.json"
 
 
-def entry_files(entry: dict[str, Any]) -> list[str]:
+def entry_files(entry: ArtifactEntry) -> list[str]:
     """The files an artifact's entry ships, relative to its model's folder."""
-    lean = [entry["lean"]["file"]] if "file" in entry.get("lean", {}) else []
+    lean = [entry["lean"]["file"]] if "lean" in entry and "file" in entry["lean"] else []
     return [entry["file"], *lean, *(f"{KERNELS_DIR}/{kernel_file(key)}" for key in entry["kernels"])]
 
 
@@ -50,7 +51,7 @@ class EntryStore:
     def _folder(self, key: str) -> Path:
         return self.root / key[:2] / key
 
-    def fetch(self, key: str, model_dir: Path) -> dict[str, Any] | None:
+    def fetch(self, key: str, model_dir: Path) -> ArtifactEntry | None:
         """Copy the entry's files into `model_dir` and return its manifest entry;
         None when there is no whole, undamaged entry under `key`."""
         folder = self._folder(key)
@@ -70,7 +71,7 @@ class EntryStore:
             shutil.copyfile(folder / name, model_dir / name)
         return record["entry"]
 
-    def store(self, key: str, model_dir: Path, entry: dict[str, Any]) -> None:
+    def store(self, key: str, model_dir: Path, entry: ArtifactEntry) -> None:
         """Keep the artifact described by `entry` (its files read from `model_dir`)
         under `key`; atomic, and a no-op where an entry is already there."""
         folder = self._folder(key)
@@ -118,7 +119,7 @@ class ArtifactSources:
     cache: EntryStore | None
     keep: EntryStore | None  # the build cache, or the part being written
 
-    def fetch(self, key: str, file: str, model_dir: Path, built_with: dict[str, str]) -> tuple[dict[str, Any] | None, str]:
+    def fetch(self, key: str, file: str, model_dir: Path, built_with: BuiltWith) -> tuple[ArtifactEntry | None, str]:
         """(entry, origin) with the files copied into `model_dir`, or (None, "")."""
         claim = self.claims.get(file)
         if claim is not None:
@@ -148,7 +149,7 @@ class ArtifactSources:
         )
 
 
-def _mismatch(claim: Claim, file: str, built_with: dict[str, str]) -> str:
+def _mismatch(claim: Claim, file: str, built_with: BuiltWith) -> str:
     differences = [f"{what} {claim.built_with.get(what)!r} there, {value!r} here" for what, value in built_with.items() if claim.built_with.get(what) != value]
     why = (
         "it was compiled in another environment: " + "; ".join(differences)
@@ -164,7 +165,7 @@ def plugin_fingerprint() -> str:
     """A hash of this plugin's code: any change to how artifacts are made or
     loaded makes new keys, even without a version bump."""
     digest = hashlib.sha256()
-    package = Path(__file__).parent
+    package = Path(__file__).parent.parent  # hatch_precompile/
     for path in sorted(package.rglob("*.py")):
         digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()

@@ -94,7 +94,7 @@ from typing import Any
 
 import torch
 
-from .runtime._torch_private import bind_arguments, kernel_key
+from ..runtime._torch_private import bind_arguments, kernel_key
 
 # Modules that decompositions in inductor's table use as `torch._inductor.<module>.<name>`
 # without importing them (`torch._inductor.lowering.should_fallback_max_pool_with_indices`).

@@ -12,6 +12,10 @@ import platform
 from dataclasses import dataclass
 from typing import Any
 
+from ..runtime._manifest import ATEN_LEVELS
+
+_DEFAULT, _AVX2, _AVX512 = ATEN_LEVELS  # what the loader compares a target's level with
+
 # torch.cpu.get_capabilities() names for x86-64-v3 (AVX2 level).
 _X86_64_V3 = ("avx", "avx2", "bmi", "bmi2", "f16c", "fma3", "lzcnt")
 _X86_64_V4 = (*_X86_64_V3, "avx512_f", "avx512_bw", "avx512_cd", "avx512_dq", "avx512_vl")
@@ -43,10 +47,15 @@ class CpuTarget:
 
 
 CPU_TARGETS = {
-    "avx2": CpuTarget("avx2", 256, "x86-64-v3", _X86_64_V3, "AVX2"),
-    "avx512": CpuTarget("avx512", 512, "x86-64-v4", _X86_64_V4, "AVX512"),
+    "avx2": CpuTarget("avx2", 256, "x86-64-v3", _X86_64_V3, _AVX2),
+    "avx512": CpuTarget("avx512", 512, "x86-64-v4", _X86_64_V4, _AVX512),
 }
 DEFAULT_CPU_TARGETS = ("avx2",)
+
+
+def host_target(features: tuple[str, ...]) -> CpuTarget:
+    """Off x86-64: one target for the build machine's CPU, at torch's default kernel level."""
+    return CpuTarget("host", simdlen=0, march="", features=features, aten_capability=_DEFAULT)
 
 
 def is_x86_64() -> bool:

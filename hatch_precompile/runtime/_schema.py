@@ -1,0 +1,114 @@
+"""The manifest's shape, typed: one definition for the build that writes
+`manifest.json` and the loader that reads it.
+
+They are TypedDicts, so that the JSON is the objects (nothing to convert on
+either side) and mypy checks every key both sides use. Keys marked NotRequired
+are added by a later step of the build, or are present only in some entries, as
+their comments say.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NotRequired, TypedDict
+
+
+class BuiltWith(TypedDict):
+    """What an artifact depends on; the loader compares it with the running process."""
+
+    torch: str  # "2.13.0+cpu"
+    torch_git: str
+    torch_key: str  # the hash of torch's sources that inductor keys on
+    python: str  # "3.11"
+    platform: str  # sysconfig's, "linux-x86_64"
+    machine: str
+
+
+class NativeNeeds(TypedDict):
+    """What the kernels need from the system, read from their ELF files."""
+
+    glibc: str | None
+    glibcxx: str | None
+    libraries: list[str]
+    policy: str  # the manylinux policy the kernels meet
+
+
+class LeanRecord(TypedDict):
+    """An artifact's lean module: its file, or why the build refused one."""
+
+    file: NotRequired[str]
+    extern_kernels: NotRequired[list[str]]
+    inputs_to_check: NotRequired[list[int]]
+    refused: NotRequired[str]  # instead of the keys above
+    size: NotRequired[int]  # added at assembly, with sha256
+    sha256: NotRequired[str]
+
+
+class ArtifactEntry(TypedDict):
+    """One shape variant for one CPU target."""
+
+    file: str  # the AOTCompiledArtifact, `<model>/cpu_avx2.bin`
+    specialized: dict[str, int]  # the dims fixed to a bucket size
+    device: str
+    cpu_target: str
+    cpu_features: list[str]  # what the CPU must have
+    aten_capability: str  # the ATen kernels' level it was compiled against
+    vector_isa: str
+    kernels: list[str]  # keys into the model's `kernels`
+    native: NativeNeeds
+    built_with: BuiltWith
+    lean: NotRequired[LeanRecord]  # added once the lean module is written
+    accuracy: NotRequired[dict[str, Any]]  # added once checked: figures per output, against what
+    size: NotRequired[int]  # added at assembly, with sha256
+    sha256: NotRequired[str]
+
+
+class WeightsEntry(TypedDict):
+    """The tensors the graph takes before the user's inputs, and where they are shipped."""
+
+    mode: str  # "embed" or "factory"
+    order: list[str]  # state-dict names, in the graph's order
+    specs: dict[str, dict[str, Any]]  # name -> kind, shape, dtype
+    file: NotRequired[str]  # the safetensors file, when any tensor is shipped
+    aliases: NotRequired[dict[str, str]]  # tied weights: name -> the name stored
+    size: NotRequired[int]  # added at assembly, with sha256 and the chunk checksums
+    sha256: NotRequired[str]
+    chunk_size: NotRequired[int]
+    chunk_checksums: NotRequired[list[int]]
+
+
+class FileDigest(TypedDict):
+    size: int
+    sha256: str
+
+
+class FileRecord(FileDigest):
+    file: str
+
+
+class SourceModel(TypedDict):
+    """What an eager fallback needs of a model: in a source checkout (no manifest)
+    read from pyproject.toml, else the manifest's entry."""
+
+    factory: str
+    dtype: str | None
+    fallback: str
+
+
+class ModelEntry(SourceModel):
+    """One model: how it is called, its weights, and its artifacts."""
+
+    outputs_form: str  # "classes" or "plain"
+    inputs: dict[str, Any]  # the call's tree spec and its leaves (name, dtype, shape)
+    outputs: dict[str, Any]  # likewise for what it returns
+    dims: dict[str, dict[str, Any]]  # name -> min, max, buckets, dynamic
+    weights: WeightsEntry
+    op_libraries: dict[str, str]
+    artifacts: list[ArtifactEntry]
+    kernels: NotRequired[dict[str, FileRecord]]  # added at assembly: key -> its shipped file
+
+
+class Manifest(TypedDict):
+    format: int
+    built_by: str
+    package: str
+    models: dict[str, ModelEntry]
