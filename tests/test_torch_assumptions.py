@@ -620,3 +620,24 @@ def test_the_kernels_python_binding_builds_against_the_stable_abi_with_the_build
     assert all("PyTuple_GET_ITEM" in line or "PyTuple_GET_SIZE" in line for line in errors), errors
     plain = compile_check(_binding_source(""))
     assert plain.returncode == 0, plain.stderr[-3000:]
+
+
+def test_after_start_model_a_model_compiles_to_the_bytes_it_would_in_a_fresh_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker compiles its models in turn (worker/main.py), and torch numbers the
+    graphs a process compiles into the artifacts; `start_model` restarts those
+    numbers, so a model's artifact does not depend on what was compiled before it.
+    (Each compile gets its own inductor cache: a cache hit would hide the numbers.)"""
+
+    def compiled_bytes(module: nn.Module, name: str) -> bytes:
+        monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / f"{name}-cache"))
+        exported = torch_internals.decompose(torch.export.export(module.eval(), (torch.randn(3, 8),)))
+        with torch_internals.precompiled_headers_in(tmp_path / "headers"):
+            artifact = torch_internals.compile_exported(exported, {})
+        torch_internals.save_artifact(artifact, str(tmp_path / name))
+        return (tmp_path / name).read_bytes()
+
+    torch_internals.start_model()
+    first = compiled_bytes(Small(), "first.bin")
+    compiled_bytes(nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 2)), "between.bin")  # advances the counters
+    torch_internals.start_model()
+    assert compiled_bytes(Small(), "again.bin") == first

@@ -1,11 +1,14 @@
-"""Run one compile worker per model, several at once, and collect what they made.
+"""Run the compile workers, several at once, and collect what they made.
 
-Shared by the hatch hook and `hatch-precompile compile-part`. Each worker is a
-child process in its own session (`python -m hatch_precompile.worker`,
-talking `protocol`), so that stopping it also ends
-inductor's compile pool. The first failure, or Ctrl-C, stops every worker and
-raises; the caller removes the scratch folder. Progress arrives as one line per
-finished step, from whichever worker finished it.
+Shared by the hatch hook and `hatch-precompile compile-part`. The models are
+dealt to at most `jobs` workers in turn (the first, third, ... model to one, the
+second, fourth, ... to another); each worker is a child process in its own
+session (`python -m hatch_precompile.worker`, talking `protocol`) that builds its
+models one after the other, so that torch and inductor are imported once per
+worker, not per model, and stopping it also ends inductor's compile pool. The
+first failure, or Ctrl-C, stops every worker and raises; the caller removes the
+scratch folder. Progress arrives as one line per finished step, from whichever
+worker finished it.
 """
 
 from __future__ import annotations
@@ -66,7 +69,7 @@ def default_jobs(models: int) -> int:
 def compile_models(
     models: list[ModelConfig], plan: BuildPlan, say: Callable[[str], None], done: Callable[[str], None]
 ) -> dict[str, BuiltModel]:
-    """Run a worker per model, at most `plan.jobs` at once; entries by model name."""
+    """Build every model, in at most `plan.jobs` workers; entries by model name."""
     workers = _Workers()
     lock = threading.Lock()
 
@@ -78,12 +81,14 @@ def compile_models(
         return report_line
 
     say, done = locked(say), locked(done)
+    count = max(1, min(plan.jobs, len(models)))
+    groups = [models[index::count] for index in range(count)]
     results: dict[str, BuiltModel] = {}
-    with ThreadPoolExecutor(max_workers=plan.jobs, thread_name_prefix="precompile") as pool:
-        futures = {pool.submit(_compile_one, model, plan, workers, say, done): model.name for model in models}
+    with ThreadPoolExecutor(max_workers=count, thread_name_prefix="precompile") as pool:
+        futures = [pool.submit(_run_worker, index, group, count, plan, workers, say, done) for index, group in enumerate(groups)]
         try:
             for future in as_completed(futures):
-                results[futures[future]] = future.result()
+                results.update(future.result())
         except BaseException:
             workers.stop_all()
             pool.shutdown(wait=True, cancel_futures=True)
@@ -91,44 +96,58 @@ def compile_models(
     return {model.name: results[model.name] for model in models}
 
 
-def _compile_one(
-    model: ModelConfig, plan: BuildPlan, workers: _Workers, say: Callable[[str], None], done: Callable[[str], None]
-) -> BuiltModel:
-    out_dir = plan.staging / model.name
-    out_dir.mkdir()
-    sources = ArtifactSources(plan.claims.get(model.name, {}), plan.cache, plan.keep)
-    request = plan.staging / f"{model.name}.request.json"
-    WorkerRequest(model, out_dir, plan.import_paths, sources, plan.headers).write(request)
+def _run_worker(
+    index: int,
+    models: list[ModelConfig],
+    count: int,
+    plan: BuildPlan,
+    workers: _Workers,
+    say: Callable[[str], None],
+    done: Callable[[str], None],
+) -> dict[str, BuiltModel]:
+    """One worker building `models` in turn; their results by name, or the first failure raised."""
+    requests = []
+    for model in models:
+        out_dir = plan.staging / model.name
+        out_dir.mkdir()
+        sources = ArtifactSources(plan.claims.get(model.name, {}), plan.cache, plan.keep)
+        request = plan.staging / f"{model.name}.request.json"
+        WorkerRequest(model, out_dir, plan.import_paths, sources, plan.headers).write(request)
+        requests.append(str(request))
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(plan.staging / "inductor-cache")}
-    if plan.jobs > 1:  # share the cores between the workers' compile pools
-        env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(max(1, _cpus() // plan.jobs)))
-    log_path = plan.staging / f"{model.name}.log"
-    started = time.perf_counter()
+    if count > 1:  # share the cores between the workers' compile pools
+        env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(max(1, _cpus() // count)))
+    log_path = plan.staging / f"worker-{index}.log"
     with log_path.open("w") as log:
-        worker = workers.start(model.name, [sys.executable, "-m", "hatch_precompile.worker", str(request)], plan.root, env, log)
+        worker = workers.start(models[0].name, [sys.executable, "-m", "hatch_precompile.worker", *requests], plan.root, env, log)
         try:
             assert worker.stdout is not None
             for line in worker.stdout:
                 if line.startswith(PROGRESS_PREFIX):
                     step = json.loads(line[len(PROGRESS_PREFIX) :])
                     timing = "" if step["seconds"] is None else f" ({step['seconds']:.1f} s)"
-                    say(f"precompile: {model.name}: {step['step']}{timing}")
+                    say(f"precompile: {step['model']}: {step['step']}{timing}")
                 else:
                     log.write(line)
             worker.wait()
         finally:
             workers.end(worker)
-    result = read_result(out_dir)
-    if worker.returncode != 0 or not isinstance(result, BuiltModel):
+    results = {model.name: read_result(plan.staging / model.name) for model in models}
+    for name, result in results.items():
         if isinstance(result, WorkerFailure):
-            raise ModelBuildError(model.name, result.step, result.message)
-        if workers.stopping.is_set():
-            raise ModelBuildError(model.name, "compiling", "stopped: another model failed or the build was interrupted")
-        tail = log_path.read_text(errors="replace")[-3000:]
-        raise ModelBuildError(model.name, "compiling", f"the compile worker exited with {worker.returncode}:\n{tail}")
-    (out_dir / RESULT_FILE).unlink()  # the staging folder becomes the wheel's files
-    done(f"precompile: {model.name}: done in {time.perf_counter() - started:.1f} s")
-    return result
+            raise ModelBuildError(name, result.step, result.message)
+    built = {}
+    for model in models:
+        result = results[model.name]
+        if not isinstance(result, BuiltModel) or worker.returncode != 0:
+            if workers.stopping.is_set():
+                raise ModelBuildError(model.name, "compiling", "stopped: another model failed or the build was interrupted")
+            tail = log_path.read_text(errors="replace")[-3000:]
+            raise ModelBuildError(model.name, "compiling", f"the compile worker exited with {worker.returncode}:\n{tail}")
+        (plan.staging / model.name / RESULT_FILE).unlink()  # the staging folder becomes the wheel's files
+        done(f"precompile: {model.name}: done in {result.seconds:.1f} s")
+        built[model.name] = result
+    return built
 
 
 class _Workers:

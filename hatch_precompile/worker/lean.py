@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
+from ..runtime._layout import KERNELS_DIR
 from ..runtime._schema import ArtifactEntry
 from ..runtime._torch_private import LEAN_BINDINGS
 from . import torch_internals
@@ -173,15 +174,13 @@ class LeanCandidate:
     data_path: Path  # torch.save of {"flat": [...], "artifact": [...]}: inputs and the artifact's outputs
 
 
-def check_in_fresh_process(
-    candidates: list[LeanCandidate], kernels_dir: Path, scratch: Path, op_libraries: dict[str, str]
-) -> dict[str, str]:
+def check_in_fresh_process(candidates: list[LeanCandidate], scratch: Path, op_libraries: dict[str, str]) -> dict[str, str]:
     """Run every candidate in a new interpreter as the loader would (after
     importing the modules defining the custom ops the graph calls); returns, per
     module file, "" if it matched or the reason it did not."""
     request = scratch / "lean-check.json"
     modules = [_check_request(c) for c in candidates]
-    request.write_text(json.dumps({"kernels_dir": str(kernels_dir), "modules": modules, "op_libraries": op_libraries}), encoding="utf-8")
+    request.write_text(json.dumps({"modules": modules, "op_libraries": op_libraries}), encoding="utf-8")
     done = subprocess.run([sys.executable, "-m", CHECK_MODULE, str(request)], capture_output=True, text=True)
     results_path = scratch / "lean-check.result.json"
     if done.returncode != 0 or not results_path.is_file():
@@ -190,13 +189,13 @@ def check_in_fresh_process(
     return json.loads(results_path.read_text(encoding="utf-8"))
 
 
-def check_in_this_process(candidates: list[LeanCandidate], kernels_dir: Path) -> dict[str, str]:
+def check_in_this_process(candidates: list[LeanCandidate]) -> dict[str, str]:
     """The same check, here: for modules from the build cache or a part, which
     passed the fresh-process check when they were compiled (the key pins their
     code), and now meet this build's weights and example inputs."""
     from .lean_check import check_all
 
-    return check_all([_check_request(c) for c in candidates], kernels_dir)
+    return check_all([_check_request(c) for c in candidates])
 
 
 def _check_request(candidate: LeanCandidate) -> dict[str, Any]:
@@ -206,4 +205,5 @@ def _check_request(candidate: LeanCandidate) -> dict[str, Any]:
         "extern_kernels": candidate.artifact["lean"]["extern_kernels"],
         "inputs_to_check": candidate.artifact["lean"]["inputs_to_check"],
         "kernels": candidate.artifact["kernels"],
+        "kernels_dir": str(candidate.module_path.parent / KERNELS_DIR),  # its model's
     }

@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import Any
 
 
-def check(module: dict[str, Any], kernels_dir: Path) -> str:
+def check(module: dict[str, Any]) -> str:
     import torch
 
     from ..runtime._layout import kernel_file
     from ..runtime._lean import make_runner
 
-    kernels = {key: kernels_dir / kernel_file(key) for key in module["kernels"]}
+    kernels = {key: Path(module["kernels_dir"]) / kernel_file(key) for key in module["kernels"]}
     path = Path(module["file"])
     run = make_runner(path.read_text(encoding="utf-8"), str(path), kernels, module["extern_kernels"], module["inputs_to_check"])
     data = torch.load(module["data"], weights_only=True)
@@ -39,12 +39,12 @@ def check(module: dict[str, Any], kernels_dir: Path) -> str:
     return ""
 
 
-def check_all(modules: list[dict[str, Any]], kernels_dir: Path) -> dict[str, str]:
+def check_all(modules: list[dict[str, Any]]) -> dict[str, str]:
     """Per module file, "" if it matched or the reason it did not."""
     results = {}
     for module in modules:
         try:
-            results[module["file"]] = check(module, kernels_dir)
+            results[module["file"]] = check(module)
         except Exception as error:  # reported per module; the build ships the artifact form instead
             results[module["file"]] = f"running it failed: {type(error).__name__}: {error}"
     return results
@@ -59,7 +59,7 @@ def main(request_path: str) -> int:
     request = json.loads(Path(request_path).read_text(encoding="utf-8"))
     import_op_libraries(request["op_libraries"])  # as the loader does; what they import is theirs
     before = {name for name in COMPILER_MODULES if name in sys.modules}
-    results = check_all(request["modules"], Path(request["kernels_dir"]))
+    results = check_all(request["modules"])
     imported = [name for name in COMPILER_MODULES if name in sys.modules and name not in before]
     if imported:
         results = {file: reason or f"running it imported {', '.join(imported)}" for file, reason in results.items()}

@@ -1,9 +1,12 @@
-"""The compile worker's process: `python -m hatch_precompile.worker REQUEST.json`.
+"""The compile worker's process: `python -m hatch_precompile.worker REQUEST.json ...`.
 
-The hook runs one worker per model so that torch, the project's code and
-inductor's state never enter the build backend's process. What it reads, prints
-and writes is `build.protocol`'s: a `WorkerRequest`, progress lines, and a
-`BuiltModel` or a `WorkerFailure`.
+The hook runs compile workers so that torch, the project's code and inductor's
+state never enter the build backend's process. One worker builds the models of
+its requests in turn: torch, torch.export and inductor are imported once, not
+once per model, and the lean forms of every model it compiled are checked
+together, in one fresh process, at the end. It stops at the first model that
+fails. What it reads, prints and writes is `build.protocol`'s: a `WorkerRequest`
+per model, progress lines, and per model a `BuiltModel` or a `WorkerFailure`.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import time
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,116 +26,157 @@ from ..build.protocol import PROGRESS_PREFIX, BuiltModel, WorkerFailure, WorkerR
 from ..runtime._schema import WeightsEntry
 
 if TYPE_CHECKING:
-    from ..build.cache import ArtifactSources
-    from ..build.config import ModelConfig
     from .capture import Captured
     from .compile import ProducedArtifact
-
+    from .lean import LeanCandidate
 
 
 @contextmanager
-def _step(description: str) -> Iterator[None]:
+def _step(model: str, description: str) -> Iterator[None]:
     start = time.perf_counter()
     yield
-    _report(description, time.perf_counter() - start)
+    _report(model, description, time.perf_counter() - start)
 
 
-def _report(description: str, seconds: float | None = None) -> None:
-    print(PROGRESS_PREFIX + json.dumps({"step": description, "seconds": None if seconds is None else round(seconds, 2)}), flush=True)
+def _report(model: str, description: str, seconds: float | None = None) -> None:
+    step = {"model": model, "step": description, "seconds": None if seconds is None else round(seconds, 2)}
+    print(PROGRESS_PREFIX + json.dumps(step), flush=True)
 
 
-def run(request: WorkerRequest) -> BuiltModel:
-    sys.path[:0] = request.import_paths
-    with _step("imported torch"):
+@dataclass
+class _Compiled:
+    """A model whose variants are compiled (or fetched), its lean forms not yet checked."""
+
+    request: WorkerRequest
+    captured: Captured  # the first variant's capture: its signature describes the model
+    weights: WeightsEntry
+    op_libraries: dict[str, str]  # custom op -> the module defining it, imported before running the graph
+    produced: list[ProducedArtifact]
+    seconds: float
+
+
+def run(requests: list[WorkerRequest]) -> None:
+    """Build every request's model, writing each one's result; the first failure
+    is written as that model's result and raised (ModelBuildError), leaving later
+    models without one."""
+    from ..build.errors import ModelBuildError
+
+    sys.path[:0] = requests[0].import_paths  # one build: the same paths and headers for every model
+    with _step(requests[0].model.name, "imported torch"):
         import torch  # noqa: F401  (timed on its own: seconds on a cold disk)
 
         from . import torch_internals
-    with torch_internals.precompiled_headers_in(request.headers):
-        return _produce(request.model, request.out_dir, request.sources)
+    with torch_internals.precompiled_headers_in(requests[0].headers):
+        compiled = []
+        for request in requests:
+            try:
+                compiled.append(_compile(request))
+            except ModelBuildError as error:
+                write_result(request.out_dir, WorkerFailure(error.step, error.message))
+                raise
+            except Exception:
+                write_result(request.out_dir, WorkerFailure("building", traceback.format_exc()))
+                raise
+        _check_lean_forms(compiled)
+        for model in compiled:
+            write_result(model.request.out_dir, _finish(model))
 
 
-def _produce(model: ModelConfig, out_dir: Path, sources: ArtifactSources) -> BuiltModel:
-    """Build the module, capture and compile (or fetch) each variant, check the lean forms."""
+def _compile(request: WorkerRequest) -> _Compiled:
+    """Build the module, capture and compile (or fetch) each variant."""
     from ..build.errors import ModelBuildError
     from . import torch_internals
     from .accuracy import summary as accuracy_summary
     from .capture import build_module, capture, shape_variants
-    from .compile import CHECK_DIR, cpu_targets, model_entry, produce_artifact
+    from .compile import cpu_targets, produce_artifact
     from .weights import lifted_weights, save_weights
 
-    with _step("built the module"):
+    model, out_dir, started = request.model, request.out_dir, time.perf_counter()
+    torch_internals.start_model()
+    with _step(model.name, "built the module"):
         module, reference = build_module(model)
     produced: list[ProducedArtifact] = []
-    first: Captured | None = None
-    weights: WeightsEntry | None = None
+    first: tuple[Captured, WeightsEntry] | None = None
     for fixed in shape_variants(model):
         shape = ", ".join(f"{dim}={size}" for dim, size in fixed.items()) or "dynamic dims"
-        with _step(f"captured with torch.export ({shape})"):
+        with _step(model.name, f"captured with torch.export ({shape})"):
             captured = capture(model, module, fixed, reference)
         if first is None:
-            first, weights = captured, save_weights(model, captured, out_dir)
-        elif weights is not None and list(lifted_weights(captured)) != weights["order"]:
+            first = captured, save_weights(model, captured, out_dir)
+        elif list(lifted_weights(captured)) != first[1]["order"]:
             raise ModelBuildError(model.name, f"capturing ({shape})", "the weights the graph takes differ between shape variants")
         for target in cpu_targets(model):
-            started = time.perf_counter()
-            artifact = produce_artifact(model, captured, fixed, target, out_dir, sources)
+            variant_started = time.perf_counter()
+            artifact = produce_artifact(model, captured, fixed, target, out_dir, request.sources)
             produced.append(artifact)
             checked = accuracy_summary(artifact.entry["accuracy"]) if artifact.checked_here else f"not run here: this CPU lacks {target.name} (checked where the part was built)"
             source = "compiled" if artifact.origin == "compiled" else f"{artifact.origin}: {artifact.entry['file']}"
-            _report(f"{target.name} ({shape}): {source}, {checked}", time.perf_counter() - started)
-    assert first is not None and weights is not None
-    op_libraries = torch_internals.python_op_libraries(first.exported)
-    _check_lean_forms(produced, out_dir, op_libraries)
-    shutil.rmtree(out_dir / CHECK_DIR, ignore_errors=True)
-    for artifact in produced:
-        if sources.keep is not None:
-            sources.keep.store(artifact.key, out_dir, artifact.entry)
+            _report(model.name, f"{target.name} ({shape}): {source}, {checked}", time.perf_counter() - variant_started)
+    assert first is not None  # shape_variants gives at least one
+    captured, weights = first
+    op_libraries = torch_internals.python_op_libraries(captured.exported)
+    return _Compiled(request, captured, weights, op_libraries, produced, time.perf_counter() - started)
+
+
+def _finish(model: _Compiled) -> BuiltModel:
+    """Keep each artifact in the build cache (or part) and describe the model for the manifest."""
+    from .compile import CHECK_DIR, model_entry
+
+    request = model.request
+    shutil.rmtree(request.out_dir / CHECK_DIR, ignore_errors=True)
+    for artifact in model.produced:
+        if request.sources.keep is not None:
+            request.sources.keep.store(artifact.key, request.out_dir, artifact.entry)
         lean = artifact.entry["lean"]
         form = "lean form" if "file" in lean else f"artifact form only, lean form refused: {lean['refused']}"
-        _report(f"{artifact.entry['file']}: {form}")
+        _report(request.model.name, f"{artifact.entry['file']}: {form}")
     return BuiltModel(
-        model_entry(model, first, weights, op_libraries, [a.entry for a in produced]),
-        {a.entry["file"]: a.key for a in produced},
-        {a.entry["file"]: a.origin for a in produced},
+        model_entry(request.model, model.captured, model.weights, model.op_libraries, [a.entry for a in model.produced]),
+        {a.entry["file"]: a.key for a in model.produced},
+        {a.entry["file"]: a.origin for a in model.produced},
+        round(model.seconds, 2),
     )
 
 
-def _check_lean_forms(produced: list[ProducedArtifact], out_dir: Path, op_libraries: dict[str, str]) -> None:
+def _check_lean_forms(models: list[_Compiled]) -> None:
     """Run each lean module on the example inputs against its artifact and eager:
-    freshly compiled ones in a new interpreter, as the loader would; ones from the
-    build cache or a part here (they passed that check when compiled, and their
-    key pins their code). A module that fails is removed, and its artifact ships
-    in the artifact form only, with the reason in the manifest."""
-    from ..runtime._layout import KERNELS_DIR
+    freshly compiled ones in a new interpreter, as the loader would (one for all
+    the models that import the same custom-op libraries: usually one in all);
+    ones from the build cache or a part here (they passed that check when
+    compiled, and their key pins their code). A module that fails is removed, and
+    its artifact ships in the artifact form only, with the reason in the manifest."""
     from .compile import CHECK_DIR
     from .lean import check_in_fresh_process, check_in_this_process
 
-    fresh = [a.candidate for a in produced if a.candidate is not None and a.origin == "compiled"]
-    reused = [a.candidate for a in produced if a.candidate is not None and a.origin != "compiled"]
+    fresh: dict[str, list[LeanCandidate]] = {}  # by the op libraries their process imports
+    reused = []
+    for model in models:
+        for artifact in model.produced:
+            if artifact.candidate is not None and artifact.origin == "compiled":
+                fresh.setdefault(json.dumps(model.op_libraries, sort_keys=True), []).append(artifact.candidate)
+            elif artifact.candidate is not None:
+                reused.append(artifact.candidate)
+    first = models[0].request.model.name
     reasons: dict[str, str] = {}
-    if fresh:
-        with _step(f"ran the lean form of {len(fresh)} artifact(s) in a fresh process and compared"):
-            reasons.update(check_in_fresh_process(fresh, out_dir / KERNELS_DIR, out_dir / CHECK_DIR, op_libraries))
+    for index, (op_libraries, candidates) in enumerate(fresh.items()):
+        scratch = models[0].request.out_dir / CHECK_DIR / f"fresh-{index}"
+        scratch.mkdir(parents=True, exist_ok=True)
+        with _step(first, f"ran the lean form of {len(candidates)} artifact(s) in a fresh process and compared"):
+            reasons.update(check_in_fresh_process(candidates, scratch, json.loads(op_libraries)))
     if reused:
-        with _step(f"ran the lean form of {len(reused)} cached artifact(s) and compared"):
-            reasons.update(check_in_this_process(reused, out_dir / KERNELS_DIR))
-    for candidate in [*fresh, *reused]:
+        with _step(first, f"ran the lean form of {len(reused)} cached artifact(s) and compared"):
+            reasons.update(check_in_this_process(reused))
+    for candidate in [*(c for group in fresh.values() for c in group), *reused]:
         reason = reasons.get(str(candidate.module_path), "the check did not report on it")
         if reason:
             candidate.module_path.unlink()
             candidate.artifact["lean"] = {"refused": reason}
 
 
-def main(request_path: str) -> int:
-    from ..build.errors import ModelBuildError
-
-    request = WorkerRequest.read(Path(request_path))
-    result: BuiltModel | WorkerFailure
+def main(request_paths: list[str]) -> int:
+    """Exit status 0 only when every model was built."""
     try:
-        result = run(request)
-    except ModelBuildError as error:
-        result = WorkerFailure(error.step, error.message)
-    except Exception:
-        result = WorkerFailure("building", traceback.format_exc())
-    write_result(request.out_dir, result)
-    return 0 if isinstance(result, BuiltModel) else 1
+        run([WorkerRequest.read(Path(path)) for path in request_paths])
+    except Exception:  # already written as the failing model's result
+        return 1
+    return 0

@@ -73,6 +73,16 @@ What it relies on (measured on torch 2.13):
   kernel whose `main_code` starts with `STABLE_ABI_PRELUDE` is built against the
   limited API: the compile itself fails if the binding uses anything else, and
   the `.so` loads in every CPython from the one it was built with.
+- One worker compiles several models. Process-wide counters number the graphs
+  a process compiles, and reach the artifact: `AOT_COUNTER` in
+  `torch._functorch.aot_autograd` (AOTAutograd's id, `# AOT ID: ['1_inference']`
+  in the output module; decomposing consumes one, compiling another) and
+  `_graph_counter` in `torch._inductor.compile_fx` (the pickled graph's
+  `graph_id`); `_post_grad_graph_counter` in `torch._inductor.graph` and
+  `torch._inductor.scheduler` number graphs too. Each is an `itertools.count`
+  read as a module global when used. `start_model` restarts them all, so that
+  each model compiles to the bytes it would in a fresh process, whatever the
+  worker compiled before it (a test compiles twice in one process and compares).
 """
 
 from __future__ import annotations
@@ -83,6 +93,7 @@ import functools
 import hashlib
 import importlib
 import inspect
+import itertools
 import os
 import shlex
 import sys
@@ -99,6 +110,24 @@ from ..runtime._torch_private import bind_arguments, kernel_key
 # Modules that decompositions in inductor's table use as `torch._inductor.<module>.<name>`
 # without importing them (`torch._inductor.lowering.should_fallback_max_pool_with_indices`).
 LAZY_DECOMPOSITION_MODULES = ("torch._inductor.lowering",)
+
+
+# (module, attribute): the counters `start_model` restarts
+_GRAPH_COUNTERS = (
+    ("torch._functorch.aot_autograd", "AOT_COUNTER"),
+    ("torch._inductor.compile_fx", "_graph_counter"),
+    ("torch._inductor.graph", "_post_grad_graph_counter"),
+    ("torch._inductor.scheduler", "_post_grad_graph_counter"),
+)
+
+
+def start_model() -> None:
+    """Forget the graphs this process compiled before: see the module docstring."""
+    for module_name, attribute in _GRAPH_COUNTERS:
+        module = importlib.import_module(module_name)
+        if not isinstance(getattr(module, attribute, None), itertools.count):
+            raise RuntimeError(f"hatch-precompile relies on {module_name}.{attribute} being an itertools.count; this torch changed it")
+        setattr(module, attribute, itertools.count())
 
 
 def decompose(exported: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
