@@ -1,0 +1,97 @@
+"""What crosses between the build and a compile worker, typed on both sides.
+
+The build (`jobs`) writes a `WorkerRequest` per model and starts
+`python -m hatch_precompile.worker REQUEST.json ...` with the requests of the
+models that worker builds, in order. The worker prints one line per finished
+step on stdout, `PROGRESS_PREFIX` followed by JSON {"model": str, "step": str,
+"seconds": float | None} (anything else there, or on stderr, is torch's
+chatter), and writes each model's out_dir/RESULT_FILE: a `BuiltModel`, or a
+`WorkerFailure` for the first model that failed, after which it stops (later
+models get no result). It exits 0 only when every model has a `BuiltModel`. JSON is the wire format only: each side reads it back
+into these classes at once.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..runtime._schema import ModelEntry
+
+from .cache import ArtifactSources
+from .config import ModelConfig
+
+PROGRESS_PREFIX = "@hatch-precompile-progress "
+RESULT_FILE = "result.json"
+
+
+@dataclass(frozen=True)
+class WorkerRequest:
+    """One model to build, and where the worker finds and keeps things."""
+
+    model: ModelConfig
+    out_dir: Path  # the model's staging folder: its artifacts, kernels and weights go here
+    import_paths: list[str]  # put first on sys.path: where the project's packages are importable from
+    sources: ArtifactSources  # the parts and build cache to take artifacts from, and where to keep new ones
+    headers: Path  # the compiler's precompiled headers
+
+    def write(self, path: Path) -> None:
+        data = {
+            "model": self.model.to_json(),
+            "out_dir": str(self.out_dir),
+            "import_paths": self.import_paths,
+            "sources": self.sources.to_json(),
+            "headers": str(self.headers),
+        }
+        path.write_text(json.dumps(data), encoding="utf-8")
+
+    @classmethod
+    def read(cls, path: Path) -> WorkerRequest:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return cls(
+            ModelConfig.from_json(data["model"]),
+            Path(data["out_dir"]),
+            data["import_paths"],
+            ArtifactSources.from_json(data["sources"]),
+            Path(data["headers"]),
+        )
+
+
+@dataclass(frozen=True)
+class BuiltModel:
+    """What a worker made of one model (the loader's CompiledModel is what a user calls)."""
+
+    entry: ModelEntry  # the model's manifest entry; its files lie in the staging folder's `<model>/`
+    keys: dict[str, str]  # artifact file -> cache key
+    origins: dict[str, str]  # artifact file -> "compiled", "cached" or "part <folder>"
+    seconds: float  # the worker's time on this model (imports and the shared lean check aside)
+
+
+@dataclass(frozen=True)
+class WorkerFailure:
+    """Why a worker could not build its model: the step it was in and the message for the user."""
+
+    step: str
+    message: str
+
+
+def write_result(out_dir: Path, result: BuiltModel | WorkerFailure) -> None:
+    data: dict[str, Any]
+    if isinstance(result, BuiltModel):
+        data = {"entry": result.entry, "keys": result.keys, "origins": result.origins, "seconds": result.seconds}
+    else:
+        data = {"error": {"step": result.step, "message": result.message}}
+    (out_dir / RESULT_FILE).write_text(json.dumps(data), encoding="utf-8")
+
+
+def read_result(out_dir: Path) -> BuiltModel | WorkerFailure | None:
+    """The worker's result, or None where it wrote none (it crashed or was stopped)."""
+    path = out_dir / RESULT_FILE
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if "error" in data:
+        return WorkerFailure(data["error"]["step"], data["error"]["message"])
+    return BuiltModel(data["entry"], data["keys"], data["origins"], data["seconds"])
