@@ -18,11 +18,11 @@ from packaging.tags import sys_tags
 from packaging.version import Version
 
 from .. import __version__
-from .native import stricter_platform
 from ..runtime import MANIFEST_FORMAT
 from ..runtime._integrity import CHUNK_SIZE, ROW_SIZE, chunk_checksums, file_sha256
 from ..runtime._layout import BUILD_MODULE, KERNELS_DIR, MANIFEST_FILE, PRECOMPILED_DIR, kernel_file
-from ..runtime._schema import ArtifactEntry, FileDigest, Manifest, ModelEntry
+from ..runtime._schema import ArtifactEntry, FileDigest, ModelEntry
+from .native import stricter_platform
 
 RUNTIME_DIR = Path(__file__).parent.parent / "runtime"
 # The files of `runtime/` that go into every wheel, as `<package>/_precompiled/<name>`.

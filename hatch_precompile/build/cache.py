@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..runtime._layout import KERNELS_DIR, kernel_file
 from ..runtime._integrity import file_sha256
+from ..runtime._layout import KERNELS_DIR, kernel_file
 from ..runtime._schema import ArtifactEntry, BuiltWith
 
 ENTRY_FILE = "entry.json"

@@ -14,10 +14,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .options import flatten as flatten_options
-from .options import option_problems
 from ..runtime import OUTPUT_FORMS
 from ..runtime._manifest import CONFIG_TABLE
+from .options import flatten as flatten_options
+from .options import option_problems
 from .targets import CPU_TARGETS, DEFAULT_CPU_TARGETS
 
 TABLE = ".".join(CONFIG_TABLE)

@@ -22,9 +22,9 @@ from .cache import EntryStore
 from .config import ConfigError, PrecompileConfig, parse_config
 from .errors import BuildEnvironmentError
 from .jobs import BuildPlan, compile_models, default_jobs
-from .protocol import BuiltModel
 from .parts import choose, read_parts, write_part_file
 from .project import find_package, import_paths, read_table, write_source_loader
+from .protocol import BuiltModel
 from .settings import resolve_settings
 
 

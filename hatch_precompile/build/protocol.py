@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from ..runtime._schema import ModelEntry
-
 from .cache import ArtifactSources
 from .config import ModelConfig
 

@@ -22,8 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import ConfigError, PrecompileConfig
 from ..runtime._cache import user_cache_root
+from .config import ConfigError, PrecompileConfig
 
 JOBS_VARIABLE = "HATCH_PRECOMPILE_JOBS"
 CACHE_VARIABLE = "HATCH_PRECOMPILE_BUILD_CACHE"  # a folder, or "off"
