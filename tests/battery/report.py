@@ -28,11 +28,12 @@ bounds (relative error at most 0.04, cosine at least 0.999).
 
 - **form**: what `load_compiled` runs: `lean` (inductor's output module and the
   shipped kernels, without importing the compiler) or `artifact`.
-- **build**: the hook's time for the model, from importing torch to its last check,
-  with another model compiling beside it, on 2 cores that the test run shares
-  with other builds (the last run: an AVX2 AMD EPYC running the rest of the
-  suite beside it; the run before, on another machine, had each model at a
-  third of these times): compare rows of one table, not tables.
+- **build**: its worker's time on the model, from building the module to its
+  last compile and check (each worker imports torch once and checks the lean
+  forms of all its models together, neither counted here), with another worker
+  compiling beside it, on 2 cores that the test run shares with other builds
+  (the last run: an AVX2 AMD EPYC, release legs beside it): compare rows of one
+  table, not tables.
 - **max difference**: the largest absolute difference from eager over every
   output at the three sizes; for bfloat16 models, the worst relative error and
   cosine similarity against float32.
