@@ -43,9 +43,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The architecture battery last: it keeps both cores busy on its own, where
-    the rest of the suite leaves one idle much of the time, which is when
-    `./dev.sh test` runs the release legs beside it."""
+    """The architecture battery last, where one process runs it with the rest
+    (`./dev.sh test ARGS`): it keeps both cores busy on its own. (`./dev.sh test`
+    runs it in a process of its own beside the rest and the release legs.)"""
     items.sort(key=lambda item: item.path.name == "test_battery.py")
 
 
