@@ -641,3 +641,36 @@ def test_after_start_model_a_model_compiles_to_the_bytes_it_would_in_a_fresh_pro
     compiled_bytes(nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 2)), "between.bin")  # advances the counters
     torch_internals.start_model()
     assert compiled_bytes(Small(), "again.bin") == first
+
+
+PROBE_VECTOR_ISAS = """
+import json, sys
+from pathlib import Path
+from hatch_precompile.worker import torch_internals
+from torch._inductor.cpu_vec_isa import valid_vec_isa_list
+torch_internals.probe_vector_isas_in(Path(sys.argv[1]))
+print(json.dumps(sorted(str(isa) for isa in valid_vec_isa_list())))
+"""
+
+
+def test_the_vector_isa_probes_compile_into_the_folder_given_and_only_once(tmp_path: Path) -> None:
+    """`probe_vector_isas_in` decides the process's vector ISAs with inductor's
+    probe programs built in the folder given (none elsewhere: the process's own
+    inductor cache stays empty), and a second process given that folder finds
+    the same ISAs without building any program again."""
+
+    def probe() -> list[str]:
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor-cache")}
+        done = subprocess.run([sys.executable, "-c", PROBE_VECTOR_ISAS, str(tmp_path / "vector-isa")], env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    def programs() -> dict[str, tuple[int, int]]:
+        return {str(p): (p.stat().st_ino, p.stat().st_mtime_ns) for p in (tmp_path / "vector-isa").rglob("*.so")}
+
+    first = probe()
+    built = programs()
+    assert len(built) >= len(first) > 0, (first, built)  # a program per usable ISA at least
+    assert not list((tmp_path / "inductor-cache").rglob("*.so")), "a probe was built outside the folder given"
+    assert probe() == first
+    assert programs() == built, "the second process built the probe programs again"

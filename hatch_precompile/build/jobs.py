@@ -49,10 +49,11 @@ class BuildPlan:
     claims: dict[str, dict[str, Claim]]  # per model, the artifacts given as parts
 
     @property
-    def headers(self) -> Path:
-        """The compiler's precompiled headers: kept in the build cache (shared by
-        every build of the same torch and compiler), else scratch."""
-        return (self.cache.root if self.cache else self.staging) / "headers"
+    def compiler_outputs(self) -> Path:
+        """What the C++ compiler builds for every model alike, the precompiled
+        headers and inductor's vector-ISA probes: kept in the build cache (shared
+        by every build of the same torch and compiler), else scratch."""
+        return (self.cache.root if self.cache else self.staging) / "compiler"
 
 
 def default_jobs(models: int) -> int:
@@ -111,7 +112,7 @@ def _run_worker(
         out_dir.mkdir()
         sources = ArtifactSources(plan.claims.get(model.name, {}), plan.cache, plan.keep)
         request = plan.staging / f"{model.name}.request.json"
-        WorkerRequest(model, out_dir, plan.import_paths, sources, plan.headers).write(request)
+        WorkerRequest(model, out_dir, plan.import_paths, sources, plan.compiler_outputs).write(request)
         requests.append(str(request))
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(plan.staging / "inductor-cache")}
     if count > 1:  # share the cores between the workers' compile pools

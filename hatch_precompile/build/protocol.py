@@ -34,7 +34,7 @@ class WorkerRequest:
     out_dir: Path  # the model's staging folder: its artifacts, kernels and weights go here
     import_paths: list[str]  # put first on sys.path: where the project's packages are importable from
     sources: ArtifactSources  # the parts and build cache to take artifacts from, and where to keep new ones
-    headers: Path  # the compiler's precompiled headers
+    compiler_outputs: Path  # what the C++ compiler builds for every model alike (`BuildPlan.compiler_outputs`)
 
     def write(self, path: Path) -> None:
         data = {
@@ -42,7 +42,7 @@ class WorkerRequest:
             "out_dir": str(self.out_dir),
             "import_paths": self.import_paths,
             "sources": self.sources.to_json(),
-            "headers": str(self.headers),
+            "compiler_outputs": str(self.compiler_outputs),
         }
         path.write_text(json.dumps(data), encoding="utf-8")
 
@@ -54,7 +54,7 @@ class WorkerRequest:
             Path(data["out_dir"]),
             data["import_paths"],
             ArtifactSources.from_json(data["sources"]),
-            Path(data["headers"]),
+            Path(data["compiler_outputs"]),
         )
 
 

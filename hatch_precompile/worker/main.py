@@ -61,12 +61,12 @@ def run(requests: list[WorkerRequest]) -> None:
     models without one."""
     from ..build.errors import ModelBuildError
 
-    sys.path[:0] = requests[0].import_paths  # one build: the same paths and headers for every model
+    sys.path[:0] = requests[0].import_paths  # one build: the same paths and compiler outputs for every model
     with _step(requests[0].model.name, "imported torch"):
         import torch  # noqa: F401  (timed on its own: seconds on a cold disk)
 
         from . import torch_internals
-    with torch_internals.precompiled_headers_in(requests[0].headers):
+    with torch_internals.compiler_outputs_in(requests[0].compiler_outputs):
         compiled = []
         for request in requests:
             try:

@@ -36,6 +36,16 @@ What it relies on (measured on torch 2.13):
   same name.
 - `torch._inductor.cpu_vec_isa.pick_vec_isa()` under `config.cpp.simdlen`
   names the vector ISA a compile targets, with the compiler flags it adds.
+- Which vector ISAs are usable is decided once per process by
+  `cpu_vec_isa.valid_vec_isa_list()` (a `functools.cache`): for each ISA the
+  CPU's flags list, it compiles a test program into inductor's cache folder
+  (`runtime.cache_dir_utils.cache_dir()`, which reads `TORCHINDUCTOR_CACHE_DIR`
+  at each call) under a name that hashes the compiler's version, the ISA's flags
+  and torch's version, and skips the compile where that file exists (a child
+  Python then only `dlopen`s it). Each build has an inductor cache of its own,
+  so each compiled the probes again: 9.5 s here for AVX-512 VNNI, AVX-512 and
+  AVX2. `compiler_outputs_in` runs them with that folder set to one the build
+  cache keeps.
 - A constraint violation from `torch.export.export` is a `torch._dynamo.exc.UserError`
   with `error_type` `UserErrorType.CONSTRAINT_VIOLATION`, whose `msg` (without
   the `draft_export()` advice `str()` adds) is what torch's public
@@ -231,6 +241,34 @@ def compile_exported(exported: torch.export.ExportedProgram, inductor_config: di
 _TORCH_DIR = os.path.dirname(torch.__file__)
 # `__FILE__` of torch's headers as `torch/...`, for the kernels and the precompiled header alike.
 _TORCH_PATH_MAP = shlex.quote(f"-ffile-prefix-map={_TORCH_DIR}=torch")
+
+
+@contextlib.contextmanager
+def compiler_outputs_in(folder: Path) -> Iterator[None]:
+    """While active, what the C++ compiler builds for every model alike is kept
+    in `folder`, which builds share when it is in the build cache: the
+    precompiled headers (`precompiled_headers_in`) and the vector-ISA probes
+    (`probe_vector_isas_in`, run on entering)."""
+    probe_vector_isas_in(folder / "vector-isa")
+    with precompiled_headers_in(folder / "headers"):
+        yield
+
+
+def probe_vector_isas_in(folder: Path) -> None:
+    """Decide now, for this process, which vector ISAs inductor may use, with
+    the test programs its probes compile kept in `folder`: a later process given
+    the same folder, with the same compiler and torch, compiles none of them."""
+    from torch._inductor.cpu_vec_isa import valid_vec_isa_list
+
+    previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
+    try:
+        valid_vec_isa_list()
+    finally:
+        if previous is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
 
 
 @contextlib.contextmanager
