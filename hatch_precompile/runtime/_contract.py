@@ -12,8 +12,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from ._schema import DimRecord, InputLeaf, TreeSpec
 
-def flatten_call(name: str, tree: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+
+def flatten_call(name: str, tree: TreeSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
     """Flatten (args, kwargs) along the spec recorded at build time, naming what differs."""
     arg_spec, kwarg_spec = tree["children"]
     if len(args) != len(arg_spec["children"]):
@@ -30,7 +32,7 @@ def flatten_call(name: str, tree: dict[str, Any], args: tuple[Any, ...], kwargs:
     return leaves
 
 
-def _flatten(name: str, value: Any, spec: dict[str, Any], path: str, leaves: list[Any]) -> None:
+def _flatten(name: str, value: Any, spec: TreeSpec, path: str, leaves: list[Any]) -> None:
     kind = spec["type"]
     if kind == "leaf":
         leaves.append(value)
@@ -47,7 +49,7 @@ def _flatten(name: str, value: Any, spec: dict[str, Any], path: str, leaves: lis
             _flatten(name, item, child, f"{path}[{i}]", leaves)
 
 
-def check_inputs(name: str, specs: list[dict[str, Any]], dims: dict[str, Any], values: list[Any]) -> dict[str, int]:
+def check_inputs(name: str, specs: list[InputLeaf], dims: dict[str, DimRecord], values: list[Any]) -> dict[str, int]:
     """Check each flat input against its spec; return the size of each dim."""
     import torch
 
@@ -81,7 +83,7 @@ def check_inputs(name: str, specs: list[dict[str, Any]], dims: dict[str, Any], v
     return {dim: size for dim, (size, _) in sizes.items()}
 
 
-def conform_layouts(specs: list[dict[str, Any]], values: list[Any]) -> list[Any]:
+def conform_layouts(specs: list[InputLeaf], values: list[Any]) -> list[Any]:
     """The tensors in the memory layout the graph was compiled for. Compiled code
     asserts exact strides, so a transposed, sliced or expanded view (which the
     eager module accepts) is copied into that layout first; tensors already in it
@@ -100,7 +102,7 @@ def conform_layouts(specs: list[dict[str, Any]], values: list[Any]) -> list[Any]
     return conformed
 
 
-def unflatten(spec: dict[str, Any], leaves: Any, classes: bool) -> Any:
+def unflatten(spec: TreeSpec, leaves: Any, classes: bool) -> Any:
     """Rebuild the module's output structure. With `classes`, named tuples and
     library output classes (transformers' ModelOutput) are imported by name and
     rebuilt; without, or if that import fails, the caller gets a tuple (named
@@ -122,7 +124,7 @@ def unflatten(spec: dict[str, Any], leaves: Any, classes: bool) -> Any:
 _output_classes: dict[str, Any] = {}
 
 
-def _output_class(spec: dict[str, Any]) -> Any:
+def _output_class(spec: TreeSpec) -> Any:
     if spec["class"] not in _output_classes:
         try:
             _output_classes[spec["class"]] = import_object(spec["class"])

@@ -9,7 +9,74 @@ their comments say.
 
 from __future__ import annotations
 
-from typing import Any, NotRequired, TypedDict
+from typing import NotRequired, TypedDict
+
+# A call's or a result's nested structure, as `torch_internals.treespec_to_json`
+# writes it: "leaf", "tuple", "list" or "namedtuple" (children), "dict" or
+# "keyed" (keys and children), with the import path of a named tuple's or a
+# keyed class's `class` ("module:Qualified.name").
+TreeSpec = TypedDict(
+    "TreeSpec",
+    {"type": str, "children": NotRequired[list["TreeSpec"]], "keys": NotRequired[list[str]], "class": NotRequired[str]},
+)
+
+
+class InputLeaf(TypedDict):
+    """One flat input of the compiled graph, named after forward()'s parameters:
+    a tensor (dtype, device, shape, layout) or a constant compiled in (value)."""
+
+    name: str
+    value: NotRequired[int | float | bool | str | None]  # instead of the tensor's keys: calls must pass this same constant
+    dtype: NotRequired[str]  # "float32"
+    device: NotRequired[str]
+    shape: NotRequired[list[int | str]]  # sizes, or the names of declared dims
+    layout: NotRequired[str]  # "contiguous" or "channels_last"
+
+
+class OutputLeaf(TypedDict):
+    dtype: str
+    shape: list[int | str]  # sizes, dims' names, or torch's symbol where no dim is one
+
+
+class CallInputs(TypedDict):
+    tree: TreeSpec  # (args, kwargs)
+    leaves: list[InputLeaf]
+
+
+class CallOutputs(TypedDict):
+    tree: TreeSpec
+    leaves: list[OutputLeaf]
+
+
+class DimRecord(TypedDict):
+    """A declared dim: its range, its bucket sizes, and whether a variant keeps it dynamic."""
+
+    min: int
+    max: int
+    buckets: list[int]
+    dynamic: bool
+
+
+class OutputAccuracy(TypedDict, total=False):
+    """One output's figures: `equal` for an integer output (it must equal eager's),
+    else relative error and cosine similarity."""
+
+    equal: bool
+    relative_error: float
+    cosine: float
+
+
+class AccuracyRecord(TypedDict):
+    """How an artifact's outputs compared on the example inputs (worker/accuracy.py)."""
+
+    against: str  # "eager", or "float32 eager" for a lower-precision model
+    outputs: list[OutputAccuracy]
+
+
+class WeightSpec(TypedDict):
+    kind: str  # the graph signature's input kind: "PARAMETER", "BUFFER" or "CONSTANT_TENSOR"
+    shape: list[int]
+    dtype: str
 
 
 class BuiltWith(TypedDict):
@@ -57,7 +124,7 @@ class ArtifactEntry(TypedDict):
     native: NativeNeeds
     built_with: BuiltWith
     lean: NotRequired[LeanRecord]  # added once the lean module is written
-    accuracy: NotRequired[dict[str, Any]]  # added once checked: figures per output, against what
+    accuracy: NotRequired[AccuracyRecord]  # added once checked
     size: NotRequired[int]  # added at assembly, with sha256
     sha256: NotRequired[str]
 
@@ -67,7 +134,7 @@ class WeightsEntry(TypedDict):
 
     mode: str  # "embed" or "factory"
     order: list[str]  # state-dict names, in the graph's order
-    specs: dict[str, dict[str, Any]]  # name -> kind, shape, dtype
+    specs: dict[str, WeightSpec]
     file: NotRequired[str]  # the safetensors file, when any tensor is shipped
     aliases: NotRequired[dict[str, str]]  # tied weights: name -> the name stored
     size: NotRequired[int]  # added at assembly, with sha256 and the chunk checksums
@@ -98,9 +165,9 @@ class ModelEntry(SourceModel):
     """One model: how it is called, its weights, and its artifacts."""
 
     outputs_form: str  # "classes" or "plain"
-    inputs: dict[str, Any]  # the call's tree spec and its leaves (name, dtype, shape)
-    outputs: dict[str, Any]  # likewise for what it returns
-    dims: dict[str, dict[str, Any]]  # name -> min, max, buckets, dynamic
+    inputs: CallInputs
+    outputs: CallOutputs
+    dims: dict[str, DimRecord]
     weights: WeightsEntry
     op_libraries: dict[str, str]
     artifacts: list[ArtifactEntry]

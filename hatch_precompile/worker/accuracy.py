@@ -28,6 +28,7 @@ import torch
 
 from ..build.config import AccuracyBounds, ModelConfig
 from ..build.errors import ModelBuildError
+from ..runtime._schema import AccuracyRecord, OutputAccuracy
 
 ELEMENTWISE = {"rtol": 1e-4, "atol": 1e-5}  # float32 against eager
 
@@ -75,7 +76,7 @@ def figures(compiled: torch.Tensor, reference: torch.Tensor) -> dict[str, float]
 
 def check_accuracy(
     model: ModelConfig, compiled: list[Any], eager: list[Any], reference: list[Any] | None
-) -> dict[str, Any]:
+) -> AccuracyRecord:
     """Check a compiled artifact's outputs (see the module docstring); returns the
     manifest's record of them, or raises ModelBuildError saying which output
     missed which bound, and by how much. `reference` is the float32 module's
@@ -85,7 +86,7 @@ def check_accuracy(
         raise ModelBuildError(name, step, f"{len(compiled)} compiled outputs, {len(eager)} eager ones")
     against = "float32 eager" if reference is not None else "eager"
     bounds = bounds_for(model)
-    records: list[dict[str, float | bool]] = []
+    records: list[OutputAccuracy] = []
     for index, (c, e, r) in enumerate(zip(compiled, eager, reference or eager)):
         if not c.is_floating_point():
             if not torch.equal(c, e):
@@ -123,7 +124,7 @@ def _check_bounds(name: str, index: int, measured: dict[str, float], bounds: Acc
         )
 
 
-def summary(record: dict[str, Any]) -> str:
+def summary(record: AccuracyRecord) -> str:
     """The worst figures of an accuracy record, for the build's progress line."""
     floating = [o for o in record["outputs"] if "cosine" in o]
     if not floating:

@@ -21,6 +21,7 @@ import torch
 
 from ..build.config import TABLE, Dim, ModelConfig, TensorInput
 from ..build.errors import ModelBuildError
+from ..runtime._schema import InputLeaf, TreeSpec
 from .torch_internals import DimFix, constraint_fixes, decompose, tree_leaves, tree_map, treespec_to_json
 
 
@@ -30,8 +31,8 @@ class Captured:
     exported: torch.export.ExportedProgram
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
-    input_tree: dict[str, Any]
-    input_leaves: list[dict[str, Any]]  # name, dtype, device, shape (ints and dim names)
+    input_tree: TreeSpec
+    input_leaves: list[InputLeaf]
     reference: torch.nn.Module | None = None  # the float32 module a lower-precision one was converted from
 
     @functools.cached_property
@@ -176,19 +177,19 @@ def _export(model: ModelConfig, module: torch.nn.Module, fixed: dict[str, int]) 
 
 
 def _describe_inputs(
-    tree: dict[str, Any],
+    tree: TreeSpec,
     args: tuple,
     kwargs: dict[str, Any],
     positional: list[str],
     arg_dims: list[dict[int, str]],
     kwarg_dims: dict[str, dict[int, str]],
-) -> list[dict[str, Any]]:
+) -> list[InputLeaf]:
     """Name, dtype, device and shape (dim names for dynamic sizes) of each tensor
     the compiled graph takes, in its order. Inputs are named after forward()'s
     parameters; only top-level tensors have dynamic dims."""
-    leaves: list[dict[str, Any]] = []
+    leaves: list[InputLeaf] = []
 
-    def walk(spec: dict[str, Any], value: Any, name: str, dims: dict[int, str]) -> None:
+    def walk(spec: TreeSpec, value: Any, name: str, dims: dict[int, str]) -> None:
         if spec["type"] == "leaf":
             if not isinstance(value, torch.Tensor):
                 leaves.append({"name": name, "value": value})  # compiled in: calls must pass the same

@@ -24,7 +24,7 @@ from ..build.native import UnprovidedLibraryError, read_needs, system_needs, tor
 from ..build.targets import CPU_TARGETS, CpuTarget, features_from_flags, host_target, is_x86_64
 from ..runtime import _torch_private
 from ..runtime._layout import KERNELS_DIR, artifact_file, kernel_file, lean_module_file
-from ..runtime._schema import ArtifactEntry, LeanRecord, ModelEntry, WeightsEntry
+from ..runtime._schema import ArtifactEntry, LeanRecord, ModelEntry, OutputLeaf, WeightsEntry
 from . import torch_internals
 from .accuracy import check_accuracy
 from .capture import Captured, _torch_error
@@ -50,7 +50,7 @@ def model_entry(
             "leaves": _output_leaves(exported, captured),
         },
         "dims": {
-            d: {"min": spec.min, "max": spec.max, "buckets": spec.buckets, "dynamic": spec.dynamic}
+            d: {"min": spec.min, "max": spec.max, "buckets": list(spec.buckets), "dynamic": spec.dynamic}
             for d, spec in model.dims.items()
         },
         "weights": weights,
@@ -207,7 +207,7 @@ def _lean_candidate(entry: ArtifactEntry, flat: list[Any], artifact_outputs: lis
     return LeanCandidate(entry, module_path, data_path)
 
 
-def _output_leaves(exported: torch.export.ExportedProgram, captured: Captured) -> list[dict[str, Any]]:
+def _output_leaves(exported: torch.export.ExportedProgram, captured: Captured) -> list[OutputLeaf]:
     """Dtype and shape of each output, sizes named after the dims where they are one."""
     placeholders = [n for n in exported.graph_module.graph.nodes if n.op == "placeholder"]
     user_inputs = placeholders[len(placeholders) - len(captured.input_leaves) :]
@@ -219,9 +219,9 @@ def _output_leaves(exported: torch.export.ExportedProgram, captured: Captured) -
         if isinstance(want, str)
     }
     output_node = next(iter(reversed(exported.graph_module.graph.nodes)))
-    leaves = []
+    leaves: list[OutputLeaf] = []
     for node in output_node.args[0]:
         value = node.meta["val"]
-        shape = [s if isinstance(s, int) else dim_of_symbol.get(str(s), str(s)) for s in value.shape]
+        shape: list[int | str] = [s if isinstance(s, int) else dim_of_symbol.get(str(s), str(s)) for s in value.shape]
         leaves.append({"dtype": str(value.dtype).removeprefix("torch."), "shape": shape})
     return leaves

@@ -115,6 +115,7 @@ from typing import Any
 
 import torch
 
+from ..runtime._schema import TreeSpec
 from ..runtime._torch_private import bind_arguments, kernel_key
 
 # Modules that decompositions in inductor's table use as `torch._inductor.<module>.<name>`
@@ -523,7 +524,7 @@ def tree_map(function: Callable[[Any], Any], tree: Any) -> Any:
     return map_leaves(function, tree)
 
 
-def treespec_to_json(spec: Any) -> dict[str, Any]:
+def treespec_to_json(spec: Any) -> TreeSpec:
     """A pytree spec as plain data: tuple, list and dict nodes around tensor leaves;
     named tuples and classes flattened by key (transformers' ModelOutput) by the
     import path of their class."""
