@@ -258,13 +258,17 @@ def compiler_outputs_in(folder: Path) -> Iterator[None]:
 def probe_vector_isas_in(folder: Path) -> None:
     """Decide now, for this process, which vector ISAs inductor may use, with
     the test programs its probes compile kept in `folder`: a later process given
-    the same folder, with the same compiler and torch, compiles none of them."""
+    the same folder, with the same compiler and torch, compiles none of them.
+    Where the probes fail (no working compiler), nothing is decided: the first
+    compile probes again and reports the failure for its model."""
     from torch._inductor.cpu_vec_isa import valid_vec_isa_list
 
     previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
     try:
         valid_vec_isa_list()
+    except Exception:  # say, no working compiler: not cached, so the first compile meets it again and reports it for its model
+        pass
     finally:
         if previous is None:
             os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
