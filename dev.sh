@@ -17,7 +17,7 @@ cd "$(dirname "$0")"
 PYTHON=${PYTHON:-python3}
 DEFAULT_TORCH=torch==2.13.0
 OTHER_RELEASES="2.14.1 2.15.0"  # the other supported releases, each tested by a leg
-BESIDE="tests/test_battery.py tests/test_build_cache.py"  # `./dev.sh test` runs these in a second pytest process
+BESIDE="tests/test_battery.py tests/test_build_cache.py tests/test_cpu_targets.py tests/test_model_forms.py"  # `./dev.sh test` runs these in a second pytest process
 TORCH_REQUIREMENT=${TORCH_REQUIREMENT:-$DEFAULT_TORCH}
 
 venv_for() {  # venv_for <torch requirement>: its environment's folder
@@ -177,9 +177,10 @@ case "${1:-}" in
         exit $status
       ) &
       legs=$!
-      # The architecture battery and the build-cache tests too, in a pytest process
-      # of their own: with them the rest of the suite was the longest of the three
-      # (28 of 28.5 minutes, the last 14 of them alone on the machine).
+      # The architecture battery and the tests that build projects of their own
+      # (no session fixture shared with the rest) too, in a second pytest process:
+      # with them the rest of the suite was the longest of the three (28 of 28.5
+      # minutes, the last 14 of them alone on the machine).
       "$VENV/bin/python" -m pytest -p no:cacheprovider --durations=10 --basetemp "$(mktemp -d)/pytest" $BESIDE >.beside.log 2>&1 &
       beside=$!
       suite=0

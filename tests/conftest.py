@@ -45,8 +45,8 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The architecture battery last, where one process runs it with the rest
     (`./dev.sh test ARGS`): it keeps both cores busy on its own. (`./dev.sh test`
-    runs it and the build-cache tests in a second process beside the rest and
-    the release legs.)"""
+    runs it, with the tests that build projects of their own, in a second
+    process beside the rest and the release legs.)"""
     items.sort(key=lambda item: item.path.name == "test_battery.py")
 
 
