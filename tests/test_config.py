@@ -225,9 +225,20 @@ def test_the_configuration_reference_in_the_docs_is_the_one_the_schema_generates
 
 
 def test_the_parser_accepts_exactly_the_documented_keys() -> None:
-    undocumented = {"factory": "m:f", "inputs": [{"shape": [1]}], "quantize": "int8"}
-    with pytest.raises(ConfigError, match=r"models\.m\.quantize: unknown key"):
+    undocumented = {"factory": "m:f", "inputs": [{"shape": [1]}], "compile-mode": "max"}
+    with pytest.raises(ConfigError, match=r"models\.m\.compile-mode: unknown key"):
         parse_config({"models": {"m": undocumented}})
+
+
+def test_int8_quantization_is_refused_with_the_reason_and_what_to_do() -> None:
+    """Issue 19's `quantize = "int8"` (with its `calibration` callable) is named as
+    not supported yet, with why, not as an unknown key."""
+    found = problems({"models": {"m": model(quantize="int8", calibration="mypkg.data:batches")}})
+    path = f"{T}.models.m"
+    assert len(found) == 2
+    assert found[0].startswith(f"{path}.quantize: not supported yet: int8 is not built yet. A PT2E-quantized graph compiles only frozen")
+    assert "docs/studies/int8" in found[0] and found[0].endswith('remove the key, or set dtype = "bfloat16" for a lower-precision model')
+    assert found[1] == f"{path}.calibration: not supported yet: it goes with `quantize`, which is not supported yet; remove it"
     assert {"package", "fallback", "cpu-targets", "jobs", "models.<name>"} == set(TABLE_KEYS)
     assert set(MODEL_KEYS) == {
         "factory", "inputs", "kwargs", "example-inputs", "dims", "weights", "dtype",
