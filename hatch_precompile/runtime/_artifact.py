@@ -9,12 +9,11 @@ a private cache directory, which inductor then imports.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from . import _torch_private
-from ._cache import private_cache_dir
+from ._cache import inductor_cache_in, private_cache_dir
 from ._errors import PrecompiledIntegrityError
 from ._integrity import verified_bytes, verified_kernels
 from ._manifest import HERE
@@ -48,12 +47,5 @@ def _private_inductor_cache() -> Iterator[None]:
     """Point inductor at this user's private cache while loading: it writes the
     artifact's Python wrapper there and imports it, so a shared, world-writable
     directory (inductor's default is under /tmp) would let others plant code."""
-    previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(private_cache_dir() / "inductor")
-    try:
+    with inductor_cache_in(private_cache_dir() / "inductor"):
         yield
-    finally:
-        if previous is None:
-            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
-        else:
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous

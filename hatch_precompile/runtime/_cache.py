@@ -5,15 +5,32 @@ form's inductor cache (`inductor/`) and the weights' verification stamps
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from ._errors import PrecompiledModelError
 
 CACHE_DIR_VARIABLE = "HATCH_PRECOMPILE_CACHE_DIR"  # where loading may write (default ~/.cache/hatch-precompile)
+
+
+@contextlib.contextmanager
+def inductor_cache_in(folder: Path) -> Iterator[None]:
+    """While active, inductor's cache folder is `folder` (inductor reads
+    TORCHINDUCTOR_CACHE_DIR at each use); the variable is restored after."""
+    previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
 
 
 def user_cache_root() -> Path:

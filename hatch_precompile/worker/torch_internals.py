@@ -115,6 +115,7 @@ from typing import Any
 
 import torch
 
+from ..runtime._cache import inductor_cache_in
 from ..runtime._schema import TreeSpec
 from ..runtime._torch_private import bind_arguments, kernel_key
 
@@ -263,17 +264,8 @@ def probe_vector_isas_in(folder: Path) -> None:
     compile probes again and reports the failure for its model."""
     from torch._inductor.cpu_vec_isa import valid_vec_isa_list
 
-    previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
-    try:
+    with inductor_cache_in(folder), contextlib.suppress(Exception):  # say, no working compiler: see above
         valid_vec_isa_list()
-    except Exception:  # say, no working compiler: not cached, so the first compile meets it again and reports it for its model
-        pass
-    finally:
-        if previous is None:
-            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
-        else:
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
 
 
 @contextlib.contextmanager
