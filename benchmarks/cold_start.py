@@ -40,7 +40,7 @@ First output is timed from process start, `import torch` included:
 - load_compiled, plain outputs (bert only): `load_compiled(name, outputs="plain")`,
   which returns dicts and tuples instead of transformers' output classes, so that
   transformers is never imported; "n/a" where the loader has no such keyword
-- ONNX Runtime (the minilm models): torch.onnx.export (dynamo, dynamic batch) at
+- ONNX Runtime (every model but the MLPs): torch.onnx.export (dynamo, dynamic batch) at
   setup, an InferenceSession on the CPU provider in the process, as many threads
 - AOTInductor: torch.export and aoti_compile_and_package at setup (dynamic batch),
   aoti_load_package in the process, no C++ compiler on PATH (it only asks one
@@ -178,7 +178,7 @@ def cases_for(model: Model) -> list[str]:
     if model.package == "minilm":
         return [EAGER, LOADER, ORT]
     plain = [LOADER_PLAIN] if model.library else []  # only a model with library output classes has "plain" ones
-    return [EAGER, COMPILE_EMPTY, COMPILE_WARM, COMPILE_CPP, LOADER, LOADER_ARTIFACT, *plain, AOTI]
+    return [EAGER, COMPILE_EMPTY, COMPILE_WARM, COMPILE_CPP, LOADER, LOADER_ARTIFACT, *plain, AOTI, ORT]
 
 
 # One case in one fresh process: argv is the case, the number of timed calls and
