@@ -116,7 +116,8 @@ NOT_SUPPORTED_YET = {
         "int8 is not built yet. A PT2E-quantized graph compiles only frozen, and on torch 2.13-2.15 a frozen graph "
         "cannot be saved as an AOT artifact; its prepacked int8 weights are opaque oneDNN tensors that cannot be "
         "saved at all. A lean form that ships the plain int8 weights and prepacks them at load ran bit for bit on "
-        "2.13 and 2.15 in a study (docs/studies/int8), but the build does not make it yet; remove the key, or "
+        "2.13, 2.14 and 2.15, with a dynamic batch, in a study (docs/studies/int8), but the build does not make it yet; "
+        "remove the key, or "
         "set dtype = \"bfloat16\" for a lower-precision model"
     ),
     "calibration": "it goes with `quantize`, which is not supported yet; remove it",
