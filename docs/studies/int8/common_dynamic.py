@@ -46,19 +46,7 @@ def make_dynamic(name):
 
 
 def quantize_dynamic(model, example, calib, dynamic=True):
-    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
-    from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
-        X86InductorQuantizer,
-        get_default_x86_inductor_quantization_config,
-    )
+    from produce import quantize
 
     batch = torch.export.Dim("batch", min=1, max=16)
-    shapes = tuple({0: batch} for _ in example) if dynamic else None
-    exported = torch.export.export(model, example, dynamic_shapes=shapes, strict=False).module()
-    quantizer = X86InductorQuantizer()
-    quantizer.set_global(get_default_x86_inductor_quantization_config())
-    prepared = prepare_pt2e(exported, quantizer)
-    with torch.no_grad():
-        for b in calib:
-            prepared(*b)
-    return convert_pt2e(prepared)
+    return quantize(model, example, calib, tuple({0: batch} for _ in example) if dynamic else None)

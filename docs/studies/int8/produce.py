@@ -43,14 +43,14 @@ def compare(out, ref):
     }
 
 
-def quantize(model, example, calib):
+def quantize(model, example, calib, dynamic_shapes=None):
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
     from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
         X86InductorQuantizer,
         get_default_x86_inductor_quantization_config,
     )
 
-    exported = torch.export.export(model, example, strict=False).module()
+    exported = torch.export.export(model, example, dynamic_shapes=dynamic_shapes, strict=False).module()
     quantizer = X86InductorQuantizer()
     quantizer.set_global(get_default_x86_inductor_quantization_config())
     prepared = prepare_pt2e(exported, quantizer)
@@ -60,8 +60,10 @@ def quantize(model, example, calib):
     return convert_pt2e(prepared)
 
 
-def compile_frozen(gm, example):
-    """compile_fx with freezing; returns (callable, CompiledFxGraph, kernels {key: so})."""
+def compile_frozen(gm, example, inputs=None):
+    """compile_fx with freezing; returns (callable, CompiledFxGraph, kernels {key: so}). compile_fx
+    gets `inputs` where given (produce_dynamic.py: fake inputs with a symbolic batch), else `example`;
+    the recorded prepack calls are left in PREPACKS."""
     from torch._inductor import config
     from torch._inductor.codecache import CppPythonBindingsCodeCache as cls
     from torch._inductor.compile_fx import compile_fx, compile_fx_inner
@@ -90,7 +92,7 @@ def compile_frozen(gm, example):
     cls.load_pybinding_async = classmethod(record)
     try:
         with torch.no_grad(), config.patch(freezing=True), PrepackRecorder() as rec:
-            fn = compile_fx(gm, list(example), inner_compile=inner)
+            fn = compile_fx(gm, list(example if inputs is None else inputs), inner_compile=inner)
             fn(*example)  # make sure everything is loaded
     finally:
         cls.load_pybinding_async = classmethod(original)

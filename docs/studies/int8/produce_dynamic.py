@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import produce  # noqa: E402
 from common_dynamic import BATCHES, make_dynamic, quantize_dynamic  # noqa: E402
-from produce import compare, kernel_key, module_globals, save_constants  # noqa: E402
+from produce import compare, module_globals, save_constants  # noqa: E402
 
 
 def symbolic_inputs(gm, example, method):
@@ -36,44 +36,6 @@ def symbolic_inputs(gm, example, method):
     mode = FakeTensorMode(shape_env=ShapeEnv())
     return [mode.from_tensor(x, symbolic_context=StatelessSymbolicContext(
         dynamic_sizes=[DimDynamic.DYNAMIC] + [DimDynamic.STATIC] * (x.dim() - 1))) for x in example]
-
-
-def compile_frozen(gm, inputs, example):
-    """produce.compile_frozen, but compile_fx gets `inputs` (fake + symbolic, or real = static)."""
-    from torch._inductor import config
-    from torch._inductor.codecache import CppPythonBindingsCodeCache as cls
-    from torch._inductor.compile_fx import compile_fx, compile_fx_inner
-
-    graphs, kernels = [], {}
-
-    def inner(*args, **kwargs):
-        out = compile_fx_inner(*args, **kwargs)
-        graphs.append(out)
-        return out
-
-    original = cls.__dict__["load_pybinding_async"].__func__
-
-    def record(loader_cls, argtypes, main_code, *args, **kwargs):
-        get = original(loader_cls, argtypes, main_code, *args, **kwargs)
-        key = kernel_key(argtypes, main_code)
-
-        def get_and_record():
-            entry = get()
-            kernels[key] = entry.__self__.__file__
-            return entry
-
-        return get_and_record
-
-    cls.load_pybinding_async = classmethod(record)
-    try:
-        with torch.no_grad(), config.patch(freezing=True), produce.PrepackRecorder() as rec:
-            fn = compile_fx(gm, list(inputs), inner_compile=inner)
-            fn(*example)
-    finally:
-        cls.load_pybinding_async = classmethod(original)
-    assert len(graphs) == 1, f"{len(graphs)} graphs"
-    produce.PREPACKS = rec.calls
-    return fn, graphs[0], kernels, rec.calls
 
 
 def first(o):
@@ -118,7 +80,8 @@ def main():
     t0 = time.perf_counter()
     inputs = symbolic_inputs(converted, example, method)
     res["compile_inputs"] = [str(getattr(x, "shape", x)) for x in inputs]
-    fn, graph, kernels, calls = compile_frozen(converted, inputs, example)
+    fn, graph, kernels = produce.compile_frozen(converted, example, inputs)
+    calls = produce.PREPACKS
     res["dynamic_compile_s"] = round(time.perf_counter() - t0, 2)
     res["prepack_x_shapes"] = sorted({repr(c[3][-1]) for c in calls})
     res["prepack_ops"] = sorted({c[1] for c in calls})
@@ -156,7 +119,8 @@ def main():
 
     # static batch-8 compile of the same converted module (real inputs: x_shape baked in), for timing
     t0 = time.perf_counter()
-    fn8, graph8, _, calls8 = compile_frozen(converted, example, example)
+    fn8, graph8, _ = produce.compile_frozen(converted, example)
+    calls8 = produce.PREPACKS
     res["static8_compile_s"] = round(time.perf_counter() - t0, 2)
     res["static8_prepack_x_shapes"] = sorted({repr(c[3][-1]) for c in calls8})
     with torch.no_grad():
