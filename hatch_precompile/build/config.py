@@ -117,8 +117,7 @@ NOT_SUPPORTED_YET = {
         "cannot be saved as an AOT artifact; its prepacked int8 weights are opaque oneDNN tensors that cannot be "
         "saved at all. A lean form that ships the plain int8 weights and prepacks them at load ran bit for bit on "
         "2.13, 2.14 and 2.15, with a dynamic batch, in a study (docs/studies/int8), but the build does not make it yet; "
-        "remove the key, or "
-        "set dtype = \"bfloat16\" for a lower-precision model"
+        "remove the key, or set dtype = \"bfloat16\" for a lower-precision model"
     ),
     "calibration": "it goes with `quantize`, which is not supported yet; remove it",
 }
