@@ -74,3 +74,15 @@ def test_float32_outputs_are_compared_element_by_element() -> None:
 def test_integer_outputs_must_be_equal() -> None:
     with pytest.raises(ModelBuildError, match=r"output 0 \(torch.int64\) differs from eager's"):
         check_accuracy(model("bfloat16"), [torch.arange(3) + 1], [torch.arange(3)], [torch.arange(3)])
+
+
+def test_int8_has_looser_defaults_and_a_missed_bound_suggests_calibration() -> None:
+    r = reference()
+    int8 = ModelConfig("m", "pkg:factory", "eager", "embed", quantize="int8")
+    noisy = r + 0.05 * r.std() * torch.randn(r.shape, generator=torch.Generator().manual_seed(1))
+    record = check_accuracy(int8, [noisy], [r], [r])  # relative error 0.05: int8's default bound is 0.1
+    assert record["against"] == "float32 eager" and 0.04 < record["outputs"][0]["relative_error"] < 0.06
+    with pytest.raises(ModelBuildError) as caught:
+        check_accuracy(int8, [r * 1.2], [r], [r])
+    assert "relative error 0.2 > max-relative-error 0.1" in caught.value.message
+    assert caught.value.message.endswith("otherwise build it in float32, or calibrate it on batches like its real inputs (`calibration`)")

@@ -127,12 +127,12 @@ def test_check_refuses_unsupported_inductor_options_before_anything_compiles(tmp
     assert "tool.hatch.build.hooks.precompile.models.encoder.options.no_such_option: not an inductor option hatch-precompile supports" in out
 
 
-def test_check_refuses_int8_quantization_with_the_reason(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_check_names_each_int8_conflict(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     text = (EXAMPLE / "pyproject.toml").read_text()
-    (tmp_path / "pyproject.toml").write_text(text.replace("options = {}", 'options = {}\nquantize = "int8"'))
+    (tmp_path / "pyproject.toml").write_text(text.replace("options = {}", 'options = {}\nquantize = "int8"\ndtype = "float16"'))
     code, out, _ = cli(capsys, "check", tmp_path)
     assert code == 1 and "1 problem(s)" in out
-    assert "tool.hatch.build.hooks.precompile.models.encoder.quantize: not supported yet: int8 is not built yet." in out
+    assert "tool.hatch.build.hooks.precompile.models.encoder.dtype: is 'float16', but `quantize` quantizes the float32 module" in out
 
 
 def test_check_says_clearly_when_there_is_no_table_or_no_project(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -230,17 +230,31 @@ def test_the_parser_accepts_exactly_the_documented_keys() -> None:
         parse_config({"models": {"m": undocumented}})
 
 
-def test_int8_quantization_is_refused_with_the_reason_and_what_to_do() -> None:
-    """Issue 19's `quantize = "int8"` (with its `calibration` callable) is named as
-    not supported yet, with why, not as an unknown key."""
-    found = problems({"models": {"m": model(quantize="int8", calibration="mypkg.data:batches")}})
+def test_int8_quantization_parses_and_its_conflicts_are_named() -> None:
+    """`quantize = "int8"` with a `calibration` callable reaches the worker; a
+    calibration without quantize, another dtype or the factory's weights (an int8
+    graph has its weights compiled in) are refused with the key and the reason."""
+    config = parse_config({"models": {"m": model(quantize="int8", calibration="mypkg.data:batches")}})
+    assert config.models["m"].quantize == "int8" and config.models["m"].calibration == "mypkg.data:batches"
+    assert parse_config({"models": {"m": model(quantize="int8")}}).models["m"].calibration is None
     path = f"{T}.models.m"
-    assert len(found) == 2
-    assert found[0].startswith(f"{path}.quantize: not supported yet: int8 is not built yet. A PT2E-quantized graph compiles only frozen")
-    assert "docs/studies/int8" in found[0] and found[0].endswith('remove the key, or set dtype = "bfloat16" for a lower-precision model')
-    assert found[1] == f"{path}.calibration: not supported yet: it goes with `quantize`, which is not supported yet; remove it"
+    assert problems({"models": {"m": model(quantize="int4")}}) == [f"{path}.quantize: expected one of 'int8', found a string 'int4' (did you mean 'int8'?)"]
+    assert problems({"models": {"m": model(calibration="mypkg.data:batches")}}) == [
+        f'{path}.calibration: sets the int8 scales, so it needs `quantize = "int8"`; add that or remove it'
+    ]
+    assert problems({"models": {"m": model(quantize="int8", calibration="batches")}}) == [
+        f"{path}.calibration: expected 'module:callable', found 'batches'"
+    ]
+    assert problems({"models": {"m": model(quantize="int8", dtype="bfloat16")}}) == [
+        f"{path}.dtype: is 'bfloat16', but `quantize` quantizes the float32 module; remove one of the two"
+    ]
+    (found,) = problems({"models": {"m": model(quantize="int8", weights="factory")}})
+    assert found.startswith(f"{path}.weights: is 'factory', but an int8 graph has its weights compiled in (frozen)")
+
+
+def test_the_documented_keys_are_these() -> None:
     assert {"package", "fallback", "cpu-targets", "jobs", "models.<name>"} == set(TABLE_KEYS)
     assert set(MODEL_KEYS) == {
         "factory", "inputs", "kwargs", "example-inputs", "dims", "weights", "dtype",
-        "options", "fallback", "cpu-targets", "accuracy", "outputs",
+        "options", "fallback", "cpu-targets", "accuracy", "outputs", "quantize", "calibration",
     }  # fmt: skip

@@ -230,7 +230,7 @@ from pathlib import Path
 from hatch_precompile.runtime._lean import make_runner
 data = torch.load({str(tmp_path / 'data.pt')!r}, weights_only=True)
 kernels = {{k: Path(v) for k, v in {kernels!r}.items()}}
-run = make_runner(Path({str(tmp_path / 'small.py')!r}).read_text(), "small.py", kernels, {module.extern_kernels!r}, [])
+run = make_runner(Path({str(tmp_path / 'small.py')!r}).read_text(), "small.py", kernels, {module.extern_kernels!r}, [], {{}})
 with torch.no_grad():
     out = run(list(data["flat"]))
 print(json.dumps({{"equal": all(torch.equal(a, b) for a, b in zip(out, data["expected"])), "count": len(out),
@@ -333,7 +333,7 @@ def test_a_module_checking_fallback_outputs_gets_the_loaders_check() -> None:
     )
     module = lean.rewrite(source, set(), "made-up")
     assert "torch._inductor" not in module.text
-    call = _torch_private.run_lean_module(module.text, "made-up.py", [], lambda key: None)
+    call = _torch_private.run_lean_module(module.text, "made-up.py", [], lambda key: None, {})
     assert call([torch.zeros(2)]) == ()
     with pytest.raises(RuntimeError, match=re.escape("expected dtype torch.float32")):
         call([torch.zeros(2, dtype=torch.float64)])
@@ -398,7 +398,7 @@ def test_precompiled_headers_come_from_a_module_global_the_build_can_replace() -
 
 def test_the_loader_binds_exactly_the_names_the_build_leaves_unbound() -> None:
     source = "def call(args):\n    return sorted(name for name in globals() if not name.startswith('__') and name != 'call')\n"
-    call = _torch_private.run_lean_module(source, "made-up.py", [], lambda key: None)
+    call = _torch_private.run_lean_module(source, "made-up.py", [], lambda key: None, {})
     assert call([]) == sorted(_torch_private.LEAN_BINDINGS)
 
 

@@ -32,6 +32,7 @@ FALLBACKS = ("eager", "error")
 CPU_TARGET_NAMES = tuple(CPU_TARGETS)
 WEIGHTS = ("embed", "factory")
 MODULE_DTYPES = ("float32", "bfloat16", "float16")
+QUANTIZATIONS = ("int8",)
 
 @dataclass(frozen=True)
 class KeyDoc:
@@ -101,25 +102,23 @@ MODEL_KEYS = {
         "`{ max-relative-error = 0.04, min-cosine = 0.999 }`: the worst each floating output may be against the float32"
         " model on the example inputs (see [Accuracy checks](#accuracy-checks)); a bound left out keeps its default",
     ),
+    "quantize": KeyDoc(
+        "`\"int8\"`",
+        "(none)",
+        "quantize the float32 module to int8 (PT2E, torchao's X86InductorQuantizer; see [int8](#int8)); "
+        "needs torchao in the build environment",
+    ),
+    "calibration": KeyDoc(
+        "`\"module:callable\"`",
+        "the example inputs",
+        "with `quantize`: returns an iterable of `(args, kwargs)` batches, shaped like the inputs, that set the int8 scales",
+    ),
     "outputs": KeyDoc(
         "`\"classes\"` \\| `\"plain\"`",
         "`\"classes\"`",
         "`plain`: `load_compiled` returns dicts and tuples where the module returns library output classes or named "
         "tuples, so their library (transformers: about 1 s) is never imported",
     ),
-}
-
-
-# Model keys users ask for that the build cannot honour yet: key -> why, and what to do.
-NOT_SUPPORTED_YET = {
-    "quantize": (
-        "int8 is not built yet. A PT2E-quantized graph compiles only frozen, and on torch 2.13-2.15 a frozen graph "
-        "cannot be saved as an AOT artifact; its prepacked int8 weights are opaque oneDNN tensors that cannot be "
-        "saved at all. A lean form that ships the plain int8 weights and prepacks them at load ran bit for bit on "
-        "2.13, 2.14 and 2.15, with a dynamic batch, in a study (docs/studies/int8), but the build does not make it yet; "
-        "remove the key, or set dtype = \"bfloat16\" for a lower-precision model"
-    ),
-    "calibration": "it goes with `quantize`, which is not supported yet; remove it",
 }
 
 
@@ -206,6 +205,8 @@ class ModelConfig:
     options: dict[str, Any] = field(default_factory=dict)
     outputs: str = "classes"
     accuracy: AccuracyBounds = AccuracyBounds()
+    quantize: str | None = None  # "int8": PT2E-quantized, compiled frozen (worker/quantize.py)
+    calibration: str | None = None  # "module:callable" giving (args, kwargs) batches; None: the example inputs
 
     def to_json(self) -> dict[str, Any]:
         """The plain-data form handed to the compile worker."""
@@ -232,6 +233,8 @@ class ModelConfig:
             "cpu_targets": list(self.cpu_targets),
             "outputs": self.outputs,
             "accuracy": {k: v for k, v in vars(self.accuracy).items() if v is not None},
+            "quantize": self.quantize,
+            "calibration": self.calibration,
         }
 
     @classmethod
@@ -261,6 +264,8 @@ class ModelConfig:
             options=data["options"],
             outputs=data["outputs"],
             accuracy=AccuracyBounds(**data["accuracy"]),
+            quantize=data["quantize"],
+            calibration=data["calibration"],
         )
 
 
@@ -295,12 +300,10 @@ class _Checker:
     def fail(self, path: str, message: str) -> None:
         self.problems.append(f"{path}: {message}")
 
-    def keys(self, table: dict[str, Any], path: str, allowed: Iterable[str], not_yet: dict[str, str] | None = None) -> None:
+    def keys(self, table: dict[str, Any], path: str, allowed: Iterable[str]) -> None:
         allowed = list(allowed)
         for key in table:
-            if not_yet and key in not_yet:
-                self.fail(f"{path}.{key}", f"not supported yet: {not_yet[key]}")
-            elif key not in allowed:
+            if key not in allowed:
                 hint = difflib.get_close_matches(key, allowed, n=1)
                 suggestion = f"; did you mean `{hint[0]}`?" if hint else f"; expected one of: {', '.join(allowed)}"
                 self.fail(f"{path}.{key}", f"unknown key{suggestion}")
@@ -386,7 +389,7 @@ def _parse_model(
     check: _Checker, name: str, raw: dict[str, Any], path: str, fallback: str, cpu_targets: tuple[str, ...]
 ) -> ModelConfig | None:
     before = len(check.problems)
-    check.keys(raw, path, tuple(MODEL_KEYS), NOT_SUPPORTED_YET)
+    check.keys(raw, path, tuple(MODEL_KEYS))
 
     factory = None
     if "factory" not in raw:
@@ -429,6 +432,7 @@ def _parse_model(
     if "cpu-targets" in raw:
         cpu_targets = _parse_cpu_targets(check, raw["cpu-targets"], f"{path}.cpu-targets")
     accuracy = _parse_accuracy(check, raw.get("accuracy", {}), f"{path}.accuracy")
+    quantize, calibration = _parse_quantize(check, raw, path, dtype, weights, dims)
 
     if len(check.problems) > before or factory is None or weights is None or options is None:
         return None
@@ -446,7 +450,39 @@ def _parse_model(
         options=flatten_options(options),
         outputs=outputs or "classes",
         accuracy=accuracy,
+        quantize=quantize,
+        calibration=calibration,
     )
+
+
+def _parse_quantize(
+    check: _Checker, raw: dict[str, Any], path: str, dtype: str | None, weights: str | None, dims: dict[str, Dim]
+) -> tuple[str | None, str | None]:
+    """`quantize = "int8"` and its `calibration`. An int8 graph is quantized from the
+    float32 module and compiled with its weights frozen in, so it cannot also take
+    another dtype or the factory's weights at load."""
+    quantize = check.choice(raw["quantize"], f"{path}.quantize", QUANTIZATIONS) if "quantize" in raw else None
+    calibration = None
+    if "calibration" in raw:
+        calibration = check.string(raw["calibration"], f"{path}.calibration", _IMPORT_PATH, "'module:callable'")
+        if "quantize" not in raw:
+            check.fail(f"{path}.calibration", "sets the int8 scales, so it needs `quantize = \"int8\"`; add that or remove it")
+    if quantize is not None and dtype not in (None, "float32"):
+        check.fail(f"{path}.dtype", f"is {dtype!r}, but `quantize` quantizes the float32 module; remove one of the two")
+    if quantize is not None and weights == "factory":
+        check.fail(
+            f"{path}.weights",
+            "is 'factory', but an int8 graph has its weights compiled in (frozen) and cannot take the factory's at load; "
+            "use weights = \"embed\"",
+        )
+    for dim in dims.values() if quantize is not None else ():
+        if dim.buckets:
+            check.fail(
+                f"{path}.dims.{dim.name}",
+                "has buckets, which `quantize` does not support: one int8 graph with a dynamic dim ran as fast as one "
+                "compiled for a fixed size (docs/studies/int8); give only { min, max }",
+            )
+    return quantize, calibration
 
 
 def _array(check: _Checker, value: Any, path: str) -> list[Any]:

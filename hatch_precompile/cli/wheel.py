@@ -136,8 +136,8 @@ def inspect(args: argparse.Namespace) -> int:
     """List what WHEEL ships: per model and artifact, its CPU target, forms, shape and size.
 
     Also the torch the wheel requires and its platform tag. An artifact's size is
-    its own and its kernels'; its load forms are "lean + artifact", or "artifact
-    only" and why the build refused the lean form.
+    its own and its kernels'; its load forms are "lean + artifact", "artifact
+    only" and why the build refused the lean form, or, for int8, "lean only".
 
     Reads the wheel as a zip file; installs, imports and verifies nothing (see
     `verify`).
@@ -189,7 +189,7 @@ def _artifact_rows(manifest: Manifest) -> list[dict[str, Any]]:
                     "artifact": artifact["file"],
                     "cpu_target": artifact["cpu_target"],
                     "cpu_features": artifact["cpu_features"],
-                    "forms": ["lean", "artifact"] if "file" in artifact["lean"] else ["artifact"],
+                    "forms": ["lean"] if "constants" in artifact else ["lean", "artifact"] if "file" in artifact["lean"] else ["artifact"],
                     "lean_file": artifact["lean"].get("file"),
                     "lean_refused": artifact["lean"].get("refused"),
                     "specialized": artifact["specialized"],
@@ -205,6 +205,8 @@ def _artifact_rows(manifest: Manifest) -> list[dict[str, Any]]:
 
 
 def _forms_text(row: dict[str, Any]) -> str:
+    if row["forms"] == ["lean"]:
+        return "lean only (int8: its constants instead of an artifact)"
     return "lean + artifact" if row["lean_file"] else f"artifact only (lean form refused: {row['lean_refused']})"
 
 
@@ -325,7 +327,7 @@ def _listed_file_problem(wheel: Wheel, record: Mapping[str, Any]) -> str:
     problem = digest_mismatch(len(data), hashlib.sha256(data).hexdigest(), record)
     if not problem and "chunk_checksums" in record and weights_checksums(data, record["chunk_size"]) != record["chunk_checksums"]:
         problem = "a chunk's checksum, which the loader checks, differs from the manifest's"  # a build defect
-    if not problem and "torch_key" in record.get("built_with", {}):  # an artifact
+    if not problem and "torch_key" in record.get("built_with", {}) and "constants" not in record:  # an artifact
         try:
             key, _ = split_artifact(data)
         except ArtifactFormatError as error:

@@ -121,7 +121,9 @@ def load_compiled(
             except (ImportError, OSError) as error:  # the dynamic loader refused a shipped kernel
                 how = Plan(how.model, how.entry, [], f"a shipped kernel could not be loaded here: {error}")
         if how.entry is not None and how.choices:
-            weights = bind_weights(name, how.entry, state_dict, module)
+            weights = _int8_weights(name, how.entry, state_dict, module)
+            if weights is None:
+                weights = bind_weights(name, how.entry, state_dict, module)
             classes = (outputs or how.entry["outputs_form"]) == "classes"
             model = CompiledModel(name, how.entry, _variants[name], weights, classes)
         elif fallback_policy(fallback, how.model) == "error":
@@ -131,6 +133,18 @@ def load_compiled(
         if default_weights:
             _loaded[(name, outputs or "")] = model
         return model
+
+
+def _int8_weights(name: str, model: ModelEntry, state_dict: dict[str, Any] | None, module: Any) -> list[Any] | None:
+    """An int8 model's graphs take no weights: the build compiled them in. None for other models."""
+    if not model["quantize"]:
+        return None
+    if state_dict is not None or module is not None:
+        raise ValueError(
+            f"model {name!r} is quantized to {model['quantize']}: its weights were compiled into it at build time, so "
+            "state_dict= and module= cannot replace them; build a wheel from the weights you want to run"
+        )
+    return []
 
 
 def explain(name: str | None = None) -> str:

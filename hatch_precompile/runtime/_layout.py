@@ -10,6 +10,8 @@ them by these names and the loader reads them by the same ones.
         cpu_avx2.bin                   an artifact: one per CPU target and shape variant,
         cpu_avx2_batch8.bin            named by both (`artifact_file`)
         cpu_avx2.py, ...               each artifact's lean module (`lean_module_file`)
+        cpu_avx2_constants.safetensors an int8 variant's frozen constants, instead of its
+                                       artifact (`constants_file`)
         kernels/k_<key>.so             the compiled kernels, shared by the model's artifacts
 
 Every name is an identifier, so that each shipped file lies at an importable
@@ -38,3 +40,9 @@ def artifact_file(cpu_target: str, fixed: dict[str, int]) -> str:
 def lean_module_file(artifact: str) -> str:
     """The lean module of artifact `cpu_avx2.bin`: `cpu_avx2.py`."""
     return artifact.removesuffix(".bin") + ".py"
+
+
+def constants_file(artifact: str) -> str:
+    """What an int8 (frozen) variant ships instead of artifact `cpu_avx2.bin`: the
+    constants its lean module binds, `cpu_avx2_constants.safetensors`."""
+    return artifact.removesuffix(".bin") + "_constants.safetensors"

@@ -5,7 +5,8 @@ that calls compiled C++ kernels and a few torch ops. The build ships that module
 rewritten so that each kernel is `shipped_kernel("<key>")` and nothing is imported
 from the compiler, and checked it in a fresh process against eager and the
 artifact. Loading it costs an `exec` of its source and one `dlopen` per kernel:
-neither `torch._inductor` nor `torch._dynamo` is imported.
+neither `torch._inductor` nor `torch._dynamo` is imported. An int8 variant
+ships only this form, with the constants its module binds (`_constants.py`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _torch_private
+from ._constants import rebuild_constants
 from ._errors import PrecompiledIntegrityError
 from ._integrity import verified_bytes, verified_kernels
 from ._manifest import HERE
@@ -22,24 +24,33 @@ from ._schema import ArtifactEntry, ModelEntry
 
 
 def load(name: str, model: ModelEntry, artifact: ArtifactEntry) -> Callable[[list[Any]], Any]:
-    """Verify the lean module and its kernels, then run its source; returns a
-    function of the graph's flat inputs (weights, then user inputs)."""
+    """Verify the lean module, its kernels and an int8 variant's constants, then
+    run its source; returns a function of the graph's flat inputs (weights, then
+    user inputs; an int8 graph takes no weights)."""
     lean = artifact["lean"]
     source = verified_bytes(lean).decode("utf-8")
     kernels = verified_kernels(model, artifact)
+    constants = {}
+    if "constants" in artifact:
+        constants = rebuild_constants(verified_bytes(artifact), HERE / artifact["file"], artifact["constants"])
     try:
-        return make_runner(source, str(HERE / lean["file"]), kernels, lean["extern_kernels"], lean["inputs_to_check"])
+        return make_runner(source, str(HERE / lean["file"]), kernels, lean["extern_kernels"], lean["inputs_to_check"], constants)
     except KeyError as error:
         raise PrecompiledIntegrityError(f"model {name!r}, {lean['file']}: kernel {error} is not shipped with it") from None
 
 
 def make_runner(
-    source: str, filename: str, kernels: dict[str, Path], extern_kernels: list[str], inputs_to_check: list[int]
+    source: str,
+    filename: str,
+    kernels: dict[str, Path],
+    extern_kernels: list[str],
+    inputs_to_check: list[int],
+    constants: dict[str, Any],
 ) -> Callable[[list[Any]], Any]:
-    """Run a lean module's source with its kernels bound; returns its `call`,
-    preceded by the alignment copies inductor's own wrapper makes."""
+    """Run a lean module's source with its kernels and constants bound; returns
+    its `call`, preceded by the alignment copies inductor's own wrapper makes."""
     call = _torch_private.run_lean_module(
-        source, filename, extern_kernels, lambda key: _torch_private.load_kernel(kernels[key], key)
+        source, filename, extern_kernels, lambda key: _torch_private.load_kernel(kernels[key], key), constants
     )
 
     def run(flat: list[Any]) -> Any:

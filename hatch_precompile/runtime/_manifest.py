@@ -22,7 +22,7 @@ from ._schema import ArtifactEntry, BuiltWith, Manifest, ModelEntry, NativeNeeds
 
 HERE = Path(__file__).resolve().parent
 MANIFEST = HERE / MANIFEST_FILE
-MANIFEST_FORMAT = 5  # 4: weights carry per-chunk checksums of row sums; 5: kernels are stable-ABI extensions
+MANIFEST_FORMAT = 6  # 4: weights carry per-chunk checksums of row sums; 5: kernels are stable-ABI extensions; 6: int8 variants
 CONFIG_TABLE = ("tool", "hatch", "build", "hooks", "precompile")  # where pyproject.toml declares the models
 
 CPU_TARGET_VARIABLE = "HATCH_PRECOMPILE_CPU_TARGET"  # force one CPU target (if the CPU can run it)
@@ -174,7 +174,8 @@ def _choose(model: ModelEntry) -> tuple[list[Choice], str]:
             unfit = artifacts[chosen.index(None)]
             refused = unfit["lean"].get("refused")
             lean = forms["lean"] or [f"the build refused it for {unfit['file']}: {refused}"]
-            problems.append(f"the lean form: {', '.join(lean)}; the artifact form: {', '.join(forms['artifact'])}")
+            artifact_form = ["an int8 variant has none"] if "constants" in unfit else forms["artifact"]
+            problems.append(f"the lean form: {', '.join(lean)}; the artifact form: {', '.join(artifact_form)}")
         reasons.append(
             f"{first['file']} was built with torch {built['torch']} ({built['torch_git'][:12]}) on "
             f"cp{built['python'].replace('.', '')} {built['platform']} for {target}: " + ", ".join(problems)
@@ -219,10 +220,11 @@ def form_problems(built: BuiltWith, here: dict[str, Any], requested: str) -> dic
 
 
 def _form_for(artifact: ArtifactEntry, forms: dict[str, list[str]]) -> str | None:
-    """The form one variant loads in: lean where the build shipped it and it fits, else the artifact if that fits."""
+    """The form one variant loads in: lean where the build shipped it and it fits, else
+    the artifact if that fits (an int8 variant has none)."""
     if "file" in artifact["lean"] and not forms["lean"]:
         return "lean"
-    return "artifact" if not forms["artifact"] else None
+    return "artifact" if not forms["artifact"] and "constants" not in artifact else None
 
 
 def native_problems(native: NativeNeeds) -> list[str]:

@@ -110,10 +110,36 @@ class LeanRecord(TypedDict):
     sha256: NotRequired[str]
 
 
+class PrepackArgument(TypedDict):
+    """One argument of a oneDNN prepack call: a tensor stored in the constants file, or a value."""
+
+    tensor: NotRequired[str]
+    value: NotRequired[int | float | list[int] | None]  # instead of `tensor`
+
+
+class ConstantSpec(TypedDict):
+    """One tensor an int8 variant's lean module binds as a global. Either a view of
+    a storage the constants file holds as bytes (`storage` with dtype, size, stride,
+    offset), or a oneDNN weight in its CPU-specific packed layout, which no file
+    can hold: rebuilt at load by calling `prepack` on its `arguments` (the plain
+    int8 weight first), as the build's constant folding called it."""
+
+    storage: NotRequired[str]  # the uint8 tensor in the file holding the storage's bytes
+    dtype: NotRequired[str]
+    size: NotRequired[list[int]]
+    stride: NotRequired[list[int]]
+    offset: NotRequired[int]
+    prepack: NotRequired[str]  # instead of the keys above: "onednn.qlinear_prepack" or "onednn.qconv_prepack"
+    arguments: NotRequired[list[PrepackArgument]]
+
+
 class ArtifactEntry(TypedDict):
     """One shape variant for one CPU target."""
 
-    file: str  # the AOTCompiledArtifact, `<model>/cpu_avx2.bin`
+    # The AOTCompiledArtifact, `<model>/cpu_avx2.bin`; for an int8 variant, which
+    # has none (a frozen graph cannot be saved as one), the constants its lean
+    # module binds, `<model>/cpu_avx2_constants.safetensors`.
+    file: str
     specialized: dict[str, int]  # the dims fixed to a bucket size
     device: str
     cpu_target: str
@@ -124,6 +150,7 @@ class ArtifactEntry(TypedDict):
     native: NativeNeeds
     built_with: BuiltWith
     lean: NotRequired[LeanRecord]  # added once the lean module is written
+    constants: NotRequired[dict[str, ConstantSpec]]  # an int8 variant's, by global name: it loads in the lean form only
     accuracy: NotRequired[AccuracyRecord]  # added once checked
     size: NotRequired[int]  # added at assembly, with sha256
     sha256: NotRequired[str]
@@ -165,6 +192,7 @@ class ModelEntry(SourceModel):
     """One model: how it is called, its weights, and its artifacts."""
 
     outputs_form: str  # "classes" or "plain"
+    quantize: str | None  # "int8": the graphs take no weights (they are frozen in); `weights` is for the eager fallback
     inputs: CallInputs
     outputs: CallOutputs
     dims: dict[str, DimRecord]

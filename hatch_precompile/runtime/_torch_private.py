@@ -40,6 +40,13 @@ What it relies on (measured on torch 2.13):
   imports and each `cpp_pybinding` call (`hatch_precompile/worker/lean.py`); the loader
   binds the names in `LEAN_BINDINGS`. Everything else the module uses comes from
   `import torch` itself (`torch._C._dynamo.guards` helpers, `torch.ops.inductor`).
+- An int8 variant's output module declares its frozen constants as globals
+  (`name = None  # <device> <dtype> <size> <stride> <address>`), which inductor
+  binds after loading it, and calls oneDNN's int8 ops (`torch.ops.onednn.
+  qlinear_pointwise`, `qconv_pointwise`), which torch registers. Its packed
+  weights are rebuilt by `torch.ops.onednn.qlinear_prepack(weight, x_shape)`
+  and `qconv_prepack(weight, w_scales, x_scale, x_zp, stride, padding,
+  dilation, groups, x_shape)` (`PREPACK_OPS`), the calls the build recorded.
 """
 
 from __future__ import annotations
@@ -71,6 +78,10 @@ LEAN_BINDINGS = (
     "shipped_kernel",  # name = shipped_kernel("<key>"): written by the build for each cpp_pybinding
     "assert_tensor_metadata",  # torch >= 2.14: checks a fallback op's output (assert_tensor_metadata below)
 )
+
+
+# The ops that rebuild an int8 variant's packed weights; any other in a manifest is refused.
+PREPACK_OPS = ("onednn.qlinear_prepack", "onednn.qconv_prepack")
 
 
 class ArtifactFormatError(ValueError):
@@ -195,10 +206,13 @@ def assert_tensor_metadata(
     torch._C._dynamo.guards.assert_size_stride(tensor, expected_size, expected_stride, op_name)
 
 
-def run_lean_module(source: str, filename: str, extern_kernels: list[str], kernel: Callable[[str], Any]) -> Callable[[list[Any]], tuple[Any, ...]]:
+def run_lean_module(
+    source: str, filename: str, extern_kernels: list[str], kernel: Callable[[str], Any], constants: dict[str, Any]
+) -> Callable[[list[Any]], tuple[Any, ...]]:
     """Execute a lean module's source with the loader's bindings; return its `call`.
     `kernel(key)` gives a shipped kernel's entry function; `extern_kernels` names
-    the torch functions the module calls as `extern_kernels.<name>`."""
+    the torch functions the module calls as `extern_kernels.<name>`; `constants`
+    are an int8 variant's frozen globals, bound over the `None` it declares them as."""
     import torch
 
     namespace: dict[str, Any] = {
@@ -211,8 +225,19 @@ def run_lean_module(source: str, filename: str, extern_kernels: list[str], kerne
         "assert_tensor_metadata": assert_tensor_metadata,
     }
     exec(compile(source, filename, "exec"), namespace)
+    namespace.update(constants)
     call: Callable[[list[Any]], tuple[Any, ...]] = namespace["call"]
     return call
+
+
+def prepack(op: str, arguments: list[Any]) -> Any:
+    """Call one of `PREPACK_OPS` (by its "namespace.name")."""
+    import torch
+
+    if op not in PREPACK_OPS:
+        raise ValueError(f"{op} is not an op this loader rebuilds packed weights with ({', '.join(PREPACK_OPS)})")
+    namespace, name = op.split(".")
+    return getattr(getattr(torch.ops, namespace), name)(*arguments)
 
 
 def misaligned(tensor: Any) -> bool:

@@ -34,6 +34,9 @@ class Captured:
     input_tree: TreeSpec
     input_leaves: list[InputLeaf]
     reference: torch.nn.Module | None = None  # the float32 module a lower-precision one was converted from
+    # `quantize` models only: the export before inductor's decompositions, which
+    # PT2E quantizes (its quantizer annotates aten.linear and convolutions, which they rewrite)
+    undecomposed: torch.export.ExportedProgram | None = None
 
     @functools.cached_property
     def eager_outputs(self) -> list[Any]:
@@ -77,8 +80,8 @@ def import_object(model: str, key: str, spec: str) -> Any:
 
 def build_module(model: ModelConfig) -> tuple[torch.nn.Module, torch.nn.Module | None]:
     """The factory's module, in eval mode, converted to the model's `dtype` if set;
-    and, for a bfloat16 or float16 model, the float32 module it was converted
-    from (a copy: converting works in place), to check its accuracy against."""
+    and, for a bfloat16, float16 or int8 model, the float32 module it was converted
+    from (for a dtype, a copy: converting works in place), to check its accuracy against."""
     factory = import_object(model.name, "factory", model.factory)
     try:
         module = factory()
@@ -94,6 +97,8 @@ def build_module(model: ModelConfig) -> tuple[torch.nn.Module, torch.nn.Module |
     reference = None
     if model.dtype in ("bfloat16", "float16"):
         reference = copy.deepcopy(module)
+    elif model.quantize:
+        reference = module  # int8 is quantized from a copy the export makes; the module itself stays float32
     if model.dtype:
         module = module.to(getattr(torch, model.dtype))
     return module, reference
@@ -160,8 +165,8 @@ def _export(model: ModelConfig, module: torch.nn.Module, fixed: dict[str, int]) 
     dynamic_shapes = dict(bound.arguments) or None
     try:
         with torch.no_grad():
-            exported = torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes)
-            exported = decompose(exported)
+            undecomposed = torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes)
+            exported = decompose(undecomposed)
     except Exception as error:
         sizes = {
             dim: value.shape[axis]
@@ -173,7 +178,7 @@ def _export(model: ModelConfig, module: torch.nn.Module, fixed: dict[str, int]) 
     input_tree = treespec_to_json(exported.call_spec.in_spec)
     positional = [p.name for p in signature.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     leaves = _describe_inputs(input_tree, args, kwargs, positional, arg_dims, kwarg_dims)
-    return Captured(module, exported, args, kwargs, input_tree, leaves)
+    return Captured(module, exported, args, kwargs, input_tree, leaves, undecomposed=undecomposed if model.quantize else None)
 
 
 def _describe_inputs(

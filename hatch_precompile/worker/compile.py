@@ -5,11 +5,14 @@ artifact from a part or the build cache when one holds it under its key
 (`key.py`), else compiles it; writes into `out_dir` the artifact, its lean module
 and the compiled kernels it loads (`kernels/k_<key>.so`, shared between
 artifacts when identical), runs it on the example inputs against eager, and
-describes it for the manifest. The weights are `weights.py`'s.
+describes it for the manifest. The weights are `weights.py`'s. An int8 model's
+variants (`quantize.py`) are compiled frozen and have no artifact: each ships
+its lean module, and its constants in place of the artifact (`constants.py`).
 """
 
 from __future__ import annotations
 
+import copy
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,13 +26,17 @@ from ..build.errors import ModelBuildError
 from ..build.native import UnprovidedLibraryError, read_needs, system_needs, torch_libraries
 from ..build.targets import CPU_TARGETS, CpuTarget, features_from_flags, host_target, is_x86_64
 from ..runtime import _torch_private
-from ..runtime._layout import KERNELS_DIR, artifact_file, kernel_file, lean_module_file
+from ..runtime._constants import rebuild_constants
+from ..runtime._layout import KERNELS_DIR, artifact_file, constants_file, kernel_file, lean_module_file
+from ..runtime._lean import make_runner
 from ..runtime._schema import ArtifactEntry, LeanRecord, ModelEntry, OutputLeaf, WeightsEntry
 from . import torch_internals
 from .accuracy import check_accuracy
 from .capture import Captured, _torch_error
+from .constants import ConstantsRefused, save_constants
 from .key import artifact_key, build_environment
 from .lean import LeanCandidate, LeanRefused, rewrite
+from .quantize import check_int8_kernels
 from .weights import lifted_weights
 
 CHECK_DIR = "lean-check"  # scratch: inputs and expected outputs for the fresh-process check
@@ -44,6 +51,7 @@ def model_entry(
         "dtype": model.dtype,
         "fallback": model.fallback,
         "outputs_form": model.outputs,
+        "quantize": model.quantize,
         "inputs": {"tree": captured.input_tree, "leaves": captured.input_leaves},
         "outputs": {
             "tree": torch_internals.treespec_to_json(exported.call_spec.out_spec),
@@ -80,20 +88,34 @@ class ProducedArtifact:
 
 
 def produce_artifact(
-    model: ModelConfig, captured: Captured, fixed: dict[str, int], target: CpuTarget, out_dir: Path, sources: ArtifactSources
+    model: ModelConfig,
+    captured: Captured,
+    fixed: dict[str, int],
+    target: CpuTarget,
+    out_dir: Path,
+    sources: ArtifactSources,
+    quantized: torch.fx.GraphModule | None = None,
 ) -> ProducedArtifact:
     """One shape variant for one CPU target, from a part or the build cache when
     one holds it under its key, else compiled; either way run on the example
-    inputs and checked against eager (where this machine's CPU can run it)."""
+    inputs and checked against eager (where this machine's CPU can run it).
+    `quantized` is an int8 model's converted module (`quantize.quantize`), which
+    is compiled instead of the export, frozen, into a variant with no artifact."""
     name = model.name
-    key = artifact_key(model, captured, fixed, target)
+    key = artifact_key(model, captured, fixed, target, quantized)
     file = artifact_file(target.name, fixed)
+    if quantized is not None:
+        file = constants_file(file)
     try:
         entry, origin = sources.fetch(key, file, out_dir, build_environment())
     except PartMismatch as mismatch:
         raise ModelBuildError(name, f"taking {file} from a part", str(mismatch)) from None
-    flat = [*lifted_weights(captured).values(), *torch_internals.tree_leaves((captured.args, captured.kwargs))]
-    if entry is None:
+    weights = [] if quantized is not None else list(lifted_weights(captured).values())  # an int8 graph has its weights frozen in
+    flat = [*weights, *torch_internals.tree_leaves((captured.args, captured.kwargs))]
+    if entry is None and quantized is not None:
+        entry, outputs = _compile_frozen(model, captured, fixed, target, out_dir, file, flat, copy.deepcopy(quantized))
+        origin = "compiled"
+    elif entry is None:
         entry, outputs, output_module = _compile(model, captured, fixed, target, out_dir, file, flat)
         origin = "compiled"
         entry["lean"] = _static_lean_record(model, captured, output_module, entry, out_dir)
@@ -112,35 +134,103 @@ def _compile(
     """Compile, write the artifact and its kernels into `out_dir`; returns its
     manifest entry (less the lean record), its outputs on `flat`, and its output
     module (`torch_internals.output_module`)."""
-    name = model.name
-    step = f"compiling for CPU target {target.name!r}"
+    config, isa, isa_flags = _target_config(model, target)
+    with torch_internals.captured_kernels() as built:
+        try:
+            artifact = torch_internals.compile_exported(captured.exported, config)
+        except Exception as error:
+            raise ModelBuildError(model.name, _compiling(target), _torch_error(error)) from None
+        with torch.no_grad():
+            outputs = artifact(*flat)
+        kernel_files = {key: path() for key, path in built.items()}
+    entry = _variant_entry(model, file, fixed, target, isa, isa_flags, kernel_files, out_dir)
+    torch_internals.save_artifact(artifact, str(out_dir / file))
+    return entry, outputs, torch_internals.output_module(artifact)
+
+
+def _compile_frozen(
+    model: ModelConfig,
+    captured: Captured,
+    fixed: dict[str, int],
+    target: CpuTarget,
+    out_dir: Path,
+    file: str,
+    flat: list[Any],
+    quantized: torch.fx.GraphModule,
+) -> tuple[ArtifactEntry, list[Any]]:
+    """Compile an int8 model's converted module with its weights frozen in; write
+    its constants (as `file`), lean module and kernels into `out_dir`. It has no
+    artifact and no other form, so a lean module that cannot be written stops the build."""
+    config, isa, isa_flags = _target_config(model, target)
+    with torch_internals.captured_kernels() as built:
+        try:
+            frozen = torch_internals.compile_frozen(quantized, config)
+        except Exception as error:
+            raise ModelBuildError(model.name, _compiling(target), _torch_error(error)) from None
+        with torch.no_grad():
+            outputs = frozen.run(*flat)
+        kernel_files = {key: path() for key, path in built.items()}
+    check_int8_kernels(model, frozen.source)
+    entry = _variant_entry(model, file, fixed, target, isa, isa_flags, kernel_files, out_dir)
+    step = "writing the int8 graph's lean form, its only form"
+    refused = torch_internals.wrapper_work(captured.exported)
+    if frozen.mutated_inputs:
+        refused = f"the compiled graph mutates inputs {frozen.mutated_inputs}"
+    try:
+        entry["constants"] = save_constants(frozen, out_dir / file)
+        lean = rewrite(frozen.source, set(entry["kernels"]), f"{model.name}/{lean_module_file(artifact_file(target.name, fixed))}")
+    except (ConstantsRefused, LeanRefused) as reason:
+        refused = str(reason)
+    else:
+        if not refused and set(lean.constants) != set(entry["constants"]):
+            refused = f"it declares the constants {sorted(lean.constants)}, the compiled graph holds {sorted(entry['constants'])}"
+    if refused:
+        raise ModelBuildError(model.name, step, refused)
+    module_path = out_dir / lean_module_file(artifact_file(target.name, fixed))
+    module_path.write_text(lean.text, encoding="utf-8")
+    entry["lean"] = {"file": module_path.name, "extern_kernels": lean.extern_kernels, "inputs_to_check": frozen.inputs_to_check}
+    return entry, list(outputs)
+
+
+def _compiling(target: CpuTarget) -> str:
+    return f"compiling for CPU target {target.name!r}"
+
+
+def _target_config(model: ModelConfig, target: CpuTarget) -> tuple[dict[str, Any], str, str]:
+    """The model's inductor options with the target's, and the vector ISA's name
+    and compiler flags (empty for a target that sets none)."""
     config = {**model.options}
     isa, isa_flags = "", ""
     if target.simdlen:
         try:
             isa, isa_flags = torch_internals.vector_isa(target.simdlen)
         except Exception as error:  # the probe compiles and runs a program with the C++ compiler
-            raise ModelBuildError(name, step, f"probing the CPU's vector instructions failed: {_torch_error(error)}") from None
+            raise ModelBuildError(model.name, _compiling(target), f"probing the CPU's vector instructions failed: {_torch_error(error)}") from None
         if not isa:
             raise ModelBuildError(
-                name,
-                step,
+                model.name,
+                _compiling(target),
                 f"this build machine's CPU has no {target.aten_capability} ({target.simdlen}-bit vectors), and inductor "
                 f"only generates vector code the build machine can run; build on a machine with {target.aten_capability} "
                 f"(or compile this target there as a part: `hatch-precompile compile-part`, see the README) "
                 f"or remove {target.name!r} from cpu-targets",
             )
         config.update(target.inductor_config())
+    return config, isa, isa_flags
 
-    with torch_internals.captured_kernels() as built:
-        try:
-            artifact = torch_internals.compile_exported(captured.exported, config)
-        except Exception as error:
-            raise ModelBuildError(name, step, _torch_error(error)) from None
-        with torch.no_grad():
-            outputs = artifact(*flat)
-        kernel_files = {key: path() for key, path in built.items()}
 
+def _variant_entry(
+    model: ModelConfig,
+    file: str,
+    fixed: dict[str, int],
+    target: CpuTarget,
+    isa: str,
+    isa_flags: str,
+    kernel_files: dict[str, str],
+    out_dir: Path,
+) -> ArtifactEntry:
+    """Copy the compiled kernels into `out_dir`, read what they need of the
+    system, and describe the variant (less its lean record)."""
     kernels_dir = out_dir / KERNELS_DIR
     kernels_dir.mkdir(exist_ok=True)
     for key, path in kernel_files.items():
@@ -148,9 +238,8 @@ def _compile(
     try:
         needs = system_needs([read_needs(kernels_dir / kernel_file(key)) for key in kernel_files], torch_libraries())
     except UnprovidedLibraryError as error:
-        raise ModelBuildError(name, "checking the compiled kernels' native dependencies", str(error)) from None
-    torch_internals.save_artifact(artifact, str(out_dir / file))
-    entry: ArtifactEntry = {
+        raise ModelBuildError(model.name, "checking the compiled kernels' native dependencies", str(error)) from None
+    return {
         "file": file,
         "specialized": fixed,
         "device": "cpu",
@@ -162,14 +251,21 @@ def _compile(
         "native": needs.manifest(),
         "built_with": build_environment(),
     }
-    return entry, outputs, torch_internals.output_module(artifact)
 
 
 def _run_saved(out_dir: Path, entry: ArtifactEntry, flat: list[Any]) -> list[Any]:
     """Load a saved artifact as the loader's artifact form does (its kernels from
-    the files beside it, never a compiler) and run it on `flat`."""
-    _, payload = _torch_private.split_artifact((out_dir / entry["file"]).read_bytes())
+    the files beside it, never a compiler) and run it on `flat`; an int8
+    variant, which has no artifact, in its lean form."""
     kernels = {key: out_dir / KERNELS_DIR / kernel_file(key) for key in entry["kernels"]}
+    if "constants" in entry:
+        lean, path = entry["lean"], out_dir / entry["file"]
+        constants = rebuild_constants(path.read_bytes(), path, entry["constants"])
+        module = out_dir / lean["file"]
+        run = make_runner(module.read_text(encoding="utf-8"), str(module), kernels, lean["extern_kernels"], lean["inputs_to_check"], constants)
+        with torch.no_grad():
+            return list(run(list(flat)))
+    _, payload = _torch_private.split_artifact((out_dir / entry["file"]).read_bytes())
     with _torch_private.shipped_kernels(kernels):
         artifact = _torch_private.deserialize_artifact(payload)
     with torch.no_grad():

@@ -26,27 +26,46 @@ from . import torch_internals
 from .capture import Captured
 
 
-def artifact_key(model: ModelConfig, captured: Captured, fixed: dict[str, int], target: CpuTarget) -> str:
+def artifact_key(
+    model: ModelConfig, captured: Captured, fixed: dict[str, int], target: CpuTarget, quantized: torch.fx.GraphModule | None = None
+) -> str:
     """What an artifact is compiled from, hashed: equal keys compile to the same bytes.
 
     The graph (with every node's shape, stride and dtype), its signature and
     symbolic ranges, the inputs, dims and shape variant, the inductor options and
     CPU target, the torch build and Python, and this plugin's code. Weight values
     are not in it: the graph takes them as inputs (`options` cannot set inductor's
-    `freezing`, which would compile them in)."""
+    `freezing`, which would compile them in). An int8 model's are: its
+    `quantized` module, compiled frozen, is hashed with every tensor it holds
+    (the int8 weights and the scales calibration set)."""
     exported = captured.exported
     parts: dict[str, Any] = {
         "graphs": {name: _graph_text(gm.graph) for name, gm in exported.graph_module.named_modules() if hasattr(gm, "graph")},
         "signature": str(exported.graph_signature),
         "ranges": {str(symbol): str(bounds) for symbol, bounds in exported.range_constraints.items()},
         "inputs": [captured.input_tree, captured.input_leaves],
-        "model": {k: v for k, v in model.to_json().items() if k in ("dims", "dtype", "options")},
+        "model": {k: v for k, v in model.to_json().items() if k in ("dims", "dtype", "options", "quantize")},
+        "quantized": None if quantized is None else _module_digest(quantized),
         "fixed": fixed,
         "target": dataclasses.asdict(target),
         "built_with": build_environment(),
         "plugin": plugin_fingerprint(),
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _module_digest(module: torch.fx.GraphModule) -> str:
+    """The graph and the bytes of every tensor it reads, hashed."""
+    digest = hashlib.sha256(json.dumps(_graph_text(module.graph)).encode())
+    for node in module.graph.nodes:
+        if node.op == "get_attr":
+            value = module
+            for part in node.target.split("."):
+                value = getattr(value, part)
+            if isinstance(value, torch.Tensor):
+                digest.update(f"{node.target} {value.dtype} {list(value.shape)}".encode())
+                digest.update(value.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 def _graph_text(graph: torch.fx.Graph) -> list[str]:

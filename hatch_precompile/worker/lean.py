@@ -16,13 +16,19 @@ The rewrite, on the module's syntax tree (never on guessed text patterns):
   (`runtime/_torch_private.py`, `LEAN_BINDINGS`); the other three names must be
   unused;
 - replaces each `async_compile.cpp_pybinding(argtypes, source)` with
-  `shipped_kernel("<key>")`, the key of a kernel this compile built.
+  `shipped_kernel("<key>")`, the key of a kernel this compile built;
+- in an int8 (frozen) module, keeps each constant's declaration
+  (`_frozen_param3 = None`), which the loader binds, without inductor's comment
+  after it, which ends in the tensor's memory address; and drops the addresses
+  from the message strings of its size checks (`<function qlinear at 0x7f..>`),
+  so that a rebuild writes the same bytes.
 """
 
 from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -49,6 +55,7 @@ _COMPILER_IMPORTS = {
 }
 _PLAIN_IMPORTS = {"torch", "math", "cmath", "random", "os", "tempfile", "ctypes"}
 _BENCHMARK_HARNESS = {"get_args", "benchmark_compiled_module"}
+_ADDRESS = re.compile(r" at 0x[0-9a-f]+>")
 CHECK_MODULE = "hatch_precompile.worker.lean_check"
 
 
@@ -61,13 +68,15 @@ class LeanModule:
     text: str
     extern_kernels: list[str]  # the torch functions it calls as extern_kernels.<name>
     kernels: list[str]  # the keys of the kernels it loads
+    constants: list[str]  # the globals it declares `= None` for the loader to bind (an int8 module's frozen constants)
 
 
 def rewrite(source: str, built_kernels: set[str], title: str) -> LeanModule:
     """The lean module for an output module whose kernels `built_kernels` were
     compiled (by key); raises LeanRefused with the reason where it cannot be one."""
     tree = ast.parse(source)
-    edits: list[tuple[ast.AST, str]] = []  # (node, replacement text)
+    edits: list[tuple[Any, str]] = []  # (an ast node or a _ToLineEnd: a span of lines and columns, replacement text)
+    constants: list[str] = []
     unbound: set[str] = set()
     body = tree.body
     if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
@@ -77,6 +86,10 @@ def rewrite(source: str, built_kernels: set[str], title: str) -> LeanModule:
         main_guard = isinstance(statement, ast.If) and "__main__" in ast.unparse(statement.test)
         if harness or main_guard:
             edits.append((statement, ""))
+        elif _declares_constant(statement):
+            name = statement.targets[0].id  # type: ignore[attr-defined]  # _declares_constant checked it
+            constants.append(name)
+            edits.append((_ToLineEnd(statement, source), f"{name} = None"))
         elif isinstance(statement, ast.ImportFrom) and statement.module in _COMPILER_IMPORTS:
             for alias in statement.names:
                 if alias.name not in _COMPILER_IMPORTS[statement.module]:
@@ -110,6 +123,8 @@ def rewrite(source: str, built_kernels: set[str], title: str) -> LeanModule:
                 raise LeanRefused(f"its kernel {key} is not one this compile built")
             kernels.append(key)
             edits.append((node, f'shipped_kernel("{key}")'))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _ADDRESS.search(node.value):
+            edits.append((node, repr(_ADDRESS.sub(">", node.value))))
     text = _apply(source, edits)
     try:
         rewritten = ast.parse(text)
@@ -123,7 +138,27 @@ def rewrite(source: str, built_kernels: set[str], title: str) -> LeanModule:
         f"# the loader binds {', '.join(name for name in LEAN_BINDINGS if name != 'shipped_kernel')},\n"
         "# and shipped_kernel(key) loads kernels/k_<key>.so.\n"
     )
-    return LeanModule(header + text.strip() + "\n", sorted(extern), kernels)
+    return LeanModule(header + text.strip() + "\n", sorted(extern), kernels, constants)
+
+
+def _declares_constant(statement: ast.stmt) -> bool:
+    """`name = None` at the top level: a frozen constant inductor binds after loading."""
+    return (
+        isinstance(statement, ast.Assign)
+        and len(statement.targets) == 1
+        and isinstance(statement.targets[0], ast.Name)
+        and isinstance(statement.value, ast.Constant)
+        and statement.value.value is None
+    )
+
+
+class _ToLineEnd:
+    """A statement's span extended to the end of its line: its trailing comment too."""
+
+    def __init__(self, statement: ast.stmt, source: str) -> None:
+        end_line = statement.end_lineno or statement.lineno
+        self.lineno, self.col_offset = statement.lineno, statement.col_offset
+        self.end_lineno, self.end_col_offset = end_line, len(source.splitlines()[end_line - 1].encode())
 
 
 def _is_cpp_pybinding(node: ast.Call) -> bool:
@@ -146,7 +181,7 @@ def _kernel_key(node: ast.Call) -> str:
     return torch_internals.pybinding_kernel_key(argtypes, source)
 
 
-def _apply(source: str, edits: list[tuple[ast.AST, str]]) -> str:
+def _apply(source: str, edits: list[tuple[Any, str]]) -> str:
     """The source with each node's text replaced (a removed statement takes its
     line break with it). ast's columns count UTF-8 bytes, so edit the bytes."""
     data = source.encode()
@@ -155,8 +190,8 @@ def _apply(source: str, edits: list[tuple[ast.AST, str]]) -> str:
         line_starts.append(line_starts[-1] + len(line))
     spans = []
     for node, replacement in edits:
-        start = line_starts[node.lineno - 1] + node.col_offset  # type: ignore[attr-defined]
-        end = line_starts[node.end_lineno - 1] + node.end_col_offset  # type: ignore[attr-defined]
+        start = line_starts[node.lineno - 1] + node.col_offset
+        end = line_starts[node.end_lineno - 1] + node.end_col_offset
         if replacement == "" and data[end : end + 1] == b"\n":
             end += 1
         spans.append((start, end, replacement.encode()))
@@ -206,4 +241,9 @@ def _check_request(candidate: LeanCandidate) -> dict[str, Any]:
         "inputs_to_check": candidate.artifact["lean"]["inputs_to_check"],
         "kernels": candidate.artifact["kernels"],
         "kernels_dir": str(candidate.module_path.parent / KERNELS_DIR),  # its model's
+        "constants": (
+            {"file": str(candidate.module_path.parent / candidate.artifact["file"]), "specs": candidate.artifact["constants"]}
+            if "constants" in candidate.artifact
+            else None
+        ),
     }

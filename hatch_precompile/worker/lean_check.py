@@ -22,12 +22,18 @@ from typing import Any
 def check(module: dict[str, Any]) -> str:
     import torch
 
+    from ..runtime._constants import rebuild_constants
     from ..runtime._layout import kernel_file
     from ..runtime._lean import make_runner
 
     kernels = {key: Path(module["kernels_dir"]) / kernel_file(key) for key in module["kernels"]}
     path = Path(module["file"])
-    run = make_runner(path.read_text(encoding="utf-8"), str(path), kernels, module["extern_kernels"], module["inputs_to_check"])
+    constants = {}
+    if module["constants"] is not None:  # an int8 variant's: its file, and how each constant is rebuilt
+        constants_path = Path(module["constants"]["file"])
+        constants = rebuild_constants(constants_path.read_bytes(), constants_path, module["constants"]["specs"])
+    source = path.read_text(encoding="utf-8")
+    run = make_runner(source, str(path), kernels, module["extern_kernels"], module["inputs_to_check"], constants)
     data = torch.load(module["data"], weights_only=True)
     with torch.no_grad():
         outputs = list(run(list(data["flat"])))

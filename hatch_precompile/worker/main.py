@@ -77,7 +77,12 @@ def run(requests: list[WorkerRequest]) -> None:
             except Exception:
                 write_result(request.out_dir, WorkerFailure("building", traceback.format_exc()))
                 raise
-        _check_lean_forms(compiled)
+        try:
+            _check_lean_forms(compiled)
+        except ModelBuildError as error:  # an int8 model's only form failed its check
+            failed = next(m.request for m in compiled if m.request.model.name == error.model)
+            write_result(failed.out_dir, WorkerFailure(error.step, error.message))
+            raise
         for model in compiled:
             write_result(model.request.out_dir, _finish(model))
 
@@ -89,6 +94,7 @@ def _compile(request: WorkerRequest) -> _Compiled:
     from .accuracy import summary as accuracy_summary
     from .capture import build_module, capture, shape_variants
     from .compile import cpu_targets, produce_artifact
+    from .quantize import quantize
     from .weights import lifted_weights, save_weights
 
     model, out_dir, started = request.model, request.out_dir, time.perf_counter()
@@ -105,9 +111,13 @@ def _compile(request: WorkerRequest) -> _Compiled:
             first = captured, save_weights(model, captured, out_dir)
         elif list(lifted_weights(captured)) != first[1]["order"]:
             raise ModelBuildError(model.name, f"capturing ({shape})", "the weights the graph takes differ between shape variants")
+        quantized = None
+        if model.quantize:
+            with _step(model.name, f"quantized to int8 with torchao's PT2E ({shape})"):
+                quantized = quantize(model, captured)
         for target in cpu_targets(model):
             variant_started = time.perf_counter()
-            artifact = produce_artifact(model, captured, fixed, target, out_dir, request.sources)
+            artifact = produce_artifact(model, captured, fixed, target, out_dir, request.sources, quantized)
             produced.append(artifact)
             checked = accuracy_summary(artifact.entry["accuracy"]) if artifact.checked_here else f"not run here: this CPU lacks {target.name} (checked where the part was built)"
             source = "compiled" if artifact.origin == "compiled" else f"{artifact.origin}: {artifact.entry['file']}"
@@ -129,6 +139,8 @@ def _finish(model: _Compiled) -> BuiltModel:
             request.sources.keep.store(artifact.key, request.out_dir, artifact.entry)
         lean = artifact.entry["lean"]
         form = "lean form" if "file" in lean else f"artifact form only, lean form refused: {lean['refused']}"
+        if "constants" in artifact.entry:
+            form = f"int8, lean form only ({lean['file']})"
         _report(request.model.name, f"{artifact.entry['file']}: {form}")
     return BuiltModel(
         model_entry(request.model, model.captured, model.weights, model.op_libraries, [a.entry for a in model.produced]),
@@ -145,6 +157,7 @@ def _check_lean_forms(models: list[_Compiled]) -> None:
     ones from the build cache or a part here (they passed that check when
     compiled, and their key pins their code). A module that fails is removed, and
     its artifact ships in the artifact form only, with the reason in the manifest."""
+    from ..build.errors import ModelBuildError
     from .compile import CHECK_DIR
     from .lean import check_in_fresh_process, check_in_this_process
 
@@ -168,6 +181,9 @@ def _check_lean_forms(models: list[_Compiled]) -> None:
             reasons.update(check_in_this_process(reused))
     for candidate in [*(c for group in fresh.values() for c in group), *reused]:
         reason = reasons.get(str(candidate.module_path), "the check did not report on it")
+        if reason and "constants" in candidate.artifact:  # an int8 variant: the lean form is its only one
+            owner = next(m.request.model.name for m in models if any(a.candidate is candidate for a in m.produced))
+            raise ModelBuildError(owner, f"running the int8 lean form {candidate.module_path.name} in a fresh process", reason)
         if reason:
             candidate.module_path.unlink()
             candidate.artifact["lean"] = {"refused": reason}

@@ -1,0 +1,137 @@
+"""int8: quantize a captured model with PT2E and compile it frozen.
+
+Runs in the compile worker, for models with `quantize = "int8"`. torchao's
+`X86InductorQuantizer` annotates the float32 export (before inductor's
+decompositions), `prepare_pt2e` adds observers, the calibration batches set the
+scales, `convert_pt2e` makes the quantize/dequantize graph, and inductor,
+with `freezing`, compiles that into oneDNN int8 GEMMs and convolutions
+(`torch_internals.compile_frozen`). A frozen graph cannot be saved as an AOT
+artifact, and its packed weights cannot be saved at all, so the wheel ships the
+lean form alone, with the constants the module binds (`constants.py`).
+
+torchao is a build dependency only of projects that ask for int8
+(`hatch-precompile[int8]`); the loader never imports it: the compiled graph
+calls oneDNN ops that torch itself registers.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from ..build.config import ModelConfig
+from ..build.errors import ModelBuildError
+from ..runtime._contract import check_inputs, flatten_call
+from ..runtime._schema import DimRecord
+from .capture import Captured, _torch_error, import_object
+
+TORCHAO_REQUIREMENT = "torchao>=0.18"
+# The op calls that show the compiled graph runs int8 kernels, not float32 ones
+# that simulate the quantization (torch 2.14+ compiles those, 4x slower, when
+# torchao's passes are not registered).
+INT8_KERNEL_OPS = ("torch.ops.onednn.qlinear_pointwise", "torch.ops.onednn.qconv_pointwise")
+
+
+def quantize(model: ModelConfig, captured: Captured) -> torch.fx.GraphModule:
+    """The converted (int8) module of a captured model, calibrated on the model's
+    `calibration` batches or, without one, on its example inputs."""
+    step = "quantizing to int8"
+    quantizer_module, convert_pt2e, prepare_pt2e = _torchao(model)
+    quantizer = quantizer_module.X86InductorQuantizer()
+    quantizer.set_global(quantizer_module.get_default_x86_inductor_quantization_config())
+    assert captured.undecomposed is not None  # capture keeps it for quantize models
+    try:
+        prepared = prepare_pt2e(captured.undecomposed.module(), quantizer)
+    except Exception as error:
+        raise ModelBuildError(model.name, step, f"torchao's prepare_pt2e failed: {_torch_error(error)}") from None
+    calibrating = f"calibrating with calibration = {model.calibration!r}" if model.calibration else "calibrating on the example inputs"
+    with torch.no_grad():
+        for index, (args, kwargs) in enumerate(calibration_batches(model, captured)):
+            try:
+                prepared(*args, **kwargs)
+            except Exception as error:
+                raise ModelBuildError(model.name, calibrating, f"batch {index}: the prepared module failed: {_torch_error(error)}") from None
+    converted = convert_pt2e(prepared)
+    if not any(_is_quantize_op(node) for node in converted.graph.nodes):
+        raise ModelBuildError(
+            model.name,
+            step,
+            "quantize = \"int8\", but X86InductorQuantizer found no layer to quantize (it quantizes linear layers, "
+            "convolutions and the ops around them); remove `quantize` for this model",
+        )
+    return converted
+
+
+def check_int8_kernels(model: ModelConfig, source: str) -> None:
+    """Fail where the compiled graph runs no int8 kernel (see INT8_KERNEL_OPS)."""
+    if not any(op in source for op in INT8_KERNEL_OPS):
+        raise ModelBuildError(
+            model.name,
+            "compiling the int8 graph",
+            f"the compiled graph calls no oneDNN int8 kernel (torch {torch.__version__}, torchao "
+            f"{_torchao_version()}): it would run float32 arithmetic that only simulates int8. Use a torchao whose "
+            f"x86 inductor passes support this torch ({TORCHAO_REQUIREMENT}; 0.18.0 was tested with torch 2.13-2.15)",
+        )
+
+
+def calibration_batches(model: ModelConfig, captured: Captured) -> Iterable[tuple[tuple[Any, ...], dict[str, Any]]]:
+    """Each calibration batch as (args, kwargs), checked against the captured
+    inputs as the loader checks a call; the example inputs where the model has
+    no `calibration`."""
+    if model.calibration is None:
+        yield captured.args, captured.kwargs
+        return
+    step = f"calibrating with calibration = {model.calibration!r}"
+    make = import_object(model.name, "calibration", model.calibration)
+    dims: dict[str, DimRecord] = {
+        name: {"min": spec.min, "max": spec.max, "buckets": [], "dynamic": True} for name, spec in model.dims.items()
+    }
+    count = 0
+    try:
+        for count, batch in enumerate(make(), start=1):
+            if not (isinstance(batch, tuple) and len(batch) == 2 and isinstance(batch[0], (tuple, list)) and isinstance(batch[1], dict)):
+                raise ModelBuildError(
+                    model.name, step, f"batch {count - 1}: expected (args, kwargs), a tuple of a tuple and a dict, got {type(batch).__name__}"
+                )
+            args, kwargs = tuple(batch[0]), dict(batch[1])
+            try:
+                check_inputs(model.name, captured.input_leaves, dims, flatten_call(model.name, captured.input_tree, args, kwargs))
+            except (ValueError, TypeError) as error:
+                raise ModelBuildError(model.name, step, f"batch {count - 1} does not fit the declared inputs: {error}") from None
+            yield args, kwargs
+    except ModelBuildError:
+        raise
+    except Exception:
+        raise ModelBuildError(model.name, step, traceback.format_exc()) from None
+    if count == 0:
+        raise ModelBuildError(model.name, step, "it yielded no batch; yield at least one (args, kwargs) batch")
+
+
+def _is_quantize_op(node: torch.fx.Node) -> bool:
+    return node.op == "call_function" and "quantize_per" in str(node.target) and "dequantize" not in str(node.target)
+
+
+def _torchao(model: ModelConfig) -> tuple[Any, Any, Any]:
+    """torchao's x86 inductor quantizer module (importing it registers the
+    passes that make inductor's int8 kernels on torch 2.14+), and convert_pt2e,
+    prepare_pt2e."""
+    try:
+        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+        from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer
+    except ImportError as error:
+        raise ModelBuildError(
+            model.name,
+            "quantizing to int8",
+            f"quantize = \"int8\" needs torchao in the build environment ({error}); add \"hatch-precompile[int8]\" "
+            f"(or \"{TORCHAO_REQUIREMENT}\") to [build-system] requires",
+        ) from None
+    return x86_inductor_quantizer, convert_pt2e, prepare_pt2e
+
+
+def _torchao_version() -> str:
+    import torchao
+
+    return str(getattr(torchao, "__version__", "unknown"))

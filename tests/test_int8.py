@@ -1,0 +1,269 @@
+"""int8 (`quantize = "int8"`): a convolution net and a transformers BERT encoder,
+quantized with torchao's PT2E, compiled frozen with the real hook, loaded in a
+fresh environment that has neither torchao nor a compiler; and each bad input
+the issue names, with its message."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from conftest import Venv, build_wheel, deploy, no_compiler_env, run, write_project
+
+pytestmark = pytest.mark.e2e
+
+MODELS = '''
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    """A small image classifier: convolutions, pooling, linear layers."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 16, 3, padding=1)
+        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
+        self.fc1 = nn.Linear(32 * 8 * 8, 64)
+        self.fc2 = nn.Linear(64, 10)
+
+    def forward(self, x):
+        x = nn.functional.max_pool2d(torch.relu(self.conv1(x)), 2)
+        x = nn.functional.max_pool2d(torch.relu(self.conv2(x)), 2)
+        return self.fc2(torch.relu(self.fc1(x.flatten(1))))
+
+
+def net():
+    torch.manual_seed(0)
+    return Net()
+
+
+def images():
+    """Calibration: three batches of different sizes."""
+    generator = torch.Generator().manual_seed(1)
+    for size in (4, 8, 3):
+        yield (torch.randn(size, 3, 32, 32, generator=generator),), {}
+
+
+def encoder():
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128, max_position_embeddings=32
+    )
+    return BertModel(config, add_pooling_layer=False).eval()
+
+
+def mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 8))
+
+
+class Elementwise(nn.Module):
+    def forward(self, x):
+        return torch.tanh(x) * 2 + 1
+
+
+def elementwise():
+    return Elementwise()
+
+
+def raising():
+    yield (torch.randn(2, 8),), {}
+    raise RuntimeError("the calibration data set is not mounted")
+
+
+def wrong_shapes():
+    yield (torch.randn(2, 8),), {}
+    yield (torch.randn(2, 9),), {}
+
+
+def not_batches():
+    return [torch.randn(2, 8)]
+
+
+def empty():
+    return []
+'''
+
+PROJECT = """
+[tool.hatch.build.hooks.precompile.models.net]
+factory = "int8pkg.models:net"
+inputs = [{ shape = ["batch", 3, 32, 32] }]
+dims = { batch = { min = 1, max = 16 } }
+quantize = "int8"
+calibration = "int8pkg.models:images"
+
+[tool.hatch.build.hooks.precompile.models.encoder]
+factory = "int8pkg.models:encoder"
+inputs = [{ shape = ["batch", 16], dtype = "int64", range = [0, 100] }]
+kwargs = { attention_mask = { shape = ["batch", 16], dtype = "int64", range = [1, 2] } }
+dims = { batch = { min = 1, max = 8 } }
+quantize = "int8"
+outputs = "plain"
+"""
+
+
+@pytest.fixture(scope="module")
+def int8_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_wheel(write_project(tmp_path_factory.mktemp("int8"), "int8pkg", MODELS, PROJECT))
+
+
+@pytest.fixture(scope="module")
+def int8_venv(tmp_path_factory: pytest.TempPathFactory, int8_wheel: Path) -> Venv:
+    """The wheel and what its metadata requires: torch and safetensors, no torchao."""
+    env = deploy(int8_wheel, tmp_path_factory.mktemp("int8-deploy") / "venv")
+    assert env.script("import importlib.util; print(importlib.util.find_spec('torchao'))").stdout.strip() == "None"
+    return env
+
+
+def test_the_wheel_ships_the_lean_form_and_constants_only(int8_wheel: Path) -> None:
+    with zipfile.ZipFile(int8_wheel) as archive:
+        names = archive.namelist()
+        manifest = json.loads(archive.read("int8pkg/_precompiled/manifest.json"))
+        module = archive.read("int8pkg/_precompiled/net/cpu_avx2.py").decode()
+    assert not [n for n in names if n.endswith(".bin")]
+    for name in ("net", "encoder"):
+        model = manifest["models"][name]
+        (variant,) = model["artifacts"]
+        assert model["quantize"] == "int8" and variant["file"] == f"{name}/cpu_avx2_constants.safetensors"
+        assert variant["lean"]["file"] == f"{name}/cpu_avx2.py"
+        assert variant["accuracy"]["against"] == "float32 eager" and variant["accuracy"]["outputs"][0]["cosine"] > 0.999
+        packed = {spec["prepack"] for spec in variant["constants"].values() if "prepack" in spec}
+        assert packed == ({"onednn.qconv_prepack", "onednn.qlinear_prepack"} if name == "net" else {"onednn.qlinear_prepack"})
+    # reproducible bytes: the frozen constants' declarations and the size checks' messages carry no address
+    assert "_frozen_param" in module and " at 0x" not in module and "= None  #" not in module
+    assert "torch.ops.onednn.qconv_pointwise" in module and "torch.ops.onednn.qlinear_pointwise" in module
+
+
+CALL = """
+import json, sys
+import torch
+from int8pkg import load_compiled
+from int8pkg._precompiled import explain
+
+data = torch.load(sys.argv[1], weights_only=True)
+report = {"explain": explain()}
+net, encoder = load_compiled("net"), load_compiled("encoder")
+cosine = lambda got, want: torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0).item()
+report["net"] = [cosine(net(x), want) for x, want in zip(data["images"], data["net"])]
+report["encoder"] = cosine(encoder(data["ids"], attention_mask=data["mask"])["last_hidden_state"], data["encoder"])
+report["compiler_modules"] = sorted(m for m in sys.modules if m.startswith(("torch._inductor", "torch._dynamo", "torchao")))
+for call in (lambda: net(torch.randn(17, 3, 32, 32)), lambda: load_compiled("net", state_dict={})):
+    try:
+        call()
+    except ValueError as error:
+        report.setdefault("refused", []).append(str(error))
+print(json.dumps(report))
+"""
+
+
+def test_it_loads_lean_without_compiler_or_torchao_and_keeps_float32_accuracy(int8_venv: Venv, tmp_path: Path) -> None:
+    """At batch 1, 5 and 16 (one graph for the dynamic batch), against the float32 modules run here."""
+    import torch
+
+    models: dict = {}
+    exec(MODELS, models)
+    images = [torch.randn(batch, 3, 32, 32, generator=torch.Generator().manual_seed(batch)) for batch in (1, 5, 16)]
+    ids = torch.randint(0, 100, (3, 16), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(3, 16, dtype=torch.int64)
+    with torch.no_grad():
+        net, encoder = models["net"]().eval(), models["encoder"]()
+        data = {"images": images, "net": [net(x) for x in images], "ids": ids, "mask": mask}
+        data["encoder"] = encoder(ids, attention_mask=mask).last_hidden_state
+    torch.save(data, tmp_path / "data.pt")
+    result = int8_venv.script(CALL.replace("sys.argv[1]", repr(str(tmp_path / "data.pt"))), env=no_compiler_env(tmp_path))
+    report = json.loads(result.stdout)
+    assert "net: would load net/cpu_avx2.py (lean form)" in report["explain"]
+    assert min(report["net"]) > 0.999 and report["encoder"] > 0.999, report
+    assert report["compiler_modules"] == []
+    assert not (tmp_path / "compiler-used").exists()
+    range_error, weights_error = report["refused"]
+    assert range_error == "model 'net', input x: dim 'batch' (dim 0) must be in [1, 16], got 17"
+    assert weights_error.startswith("model 'net' is quantized to int8: its weights were compiled into it at build time")
+
+
+def test_without_its_lean_form_it_falls_back_and_says_why(int8_venv: Venv, tmp_path: Path) -> None:
+    code = "import warnings, int8pkg; warnings.simplefilter('always'); print(int8pkg.load_compiled('net'))"
+    result = int8_venv.script(code, env=no_compiler_env(tmp_path, HATCH_PRECOMPILE_FORM="artifact"))
+    assert "<eager fallback Net>" in result.stdout
+    assert "the lean form: HATCH_PRECOMPILE_FORM=artifact; the artifact form: an int8 variant has none" in result.stderr
+
+
+def test_inspect_and_verify_read_an_int8_wheel(int8_wheel: Path) -> None:
+    command = [str(Path(sys.executable).parent / "hatch-precompile")]
+    inspected = run([*command, "inspect", str(int8_wheel)]).stdout
+    assert "lean only (int8: its constants instead of an artifact)" in inspected
+    assert "OK: every file verifies and every model loads here" in run([*command, "verify", str(int8_wheel)]).stdout
+
+
+FAILING = """
+[tool.hatch.build.hooks.precompile.models.m]
+factory = "int8pkg.models:{factory}"
+inputs = [{{ shape = ["batch", 8] }}]
+dims = {{ batch = {{ min = 1, max = 16 }} }}
+quantize = "int8"
+"""
+
+
+def test_a_calibration_that_raises_stops_the_build_with_its_traceback(tmp_path: Path) -> None:
+    project = write_project(tmp_path, "int8pkg", MODELS, FAILING.format(factory="mlp") + 'calibration = "int8pkg.models:raising"\n')
+    output = _failed_build(project)
+    assert "model 'm' failed while calibrating with calibration = 'int8pkg.models:raising'" in output
+    assert "RuntimeError: the calibration data set is not mounted" in output
+
+
+def test_without_torchao_the_build_says_what_to_add(tmp_path: Path) -> None:
+    project = write_project(tmp_path, "int8pkg", MODELS, FAILING.format(factory="mlp"))
+    shadow = tmp_path / "shadow" / "torchao"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text('raise ImportError("No module named torchao (shadowed by the test)")\n')
+    output = _failed_build(project, PYTHONPATH=str(shadow.parent))
+    assert "model 'm' failed while quantizing to int8: quantize = \"int8\" needs torchao in the build environment" in output
+    assert 'add "hatch-precompile[int8]" (or "torchao>=0.18") to [build-system] requires' in output
+
+
+def _failed_build(project: Path, **extra_env: str) -> str:
+    result = run([sys.executable, "-m", "build", "--wheel", "--no-isolation", str(project)], env={**os.environ, **extra_env}, check=False)
+    assert result.returncode != 0 and not list((project / "dist").glob("*.whl"))
+    return result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    ("factory", "calibration", "expected"),
+    [
+        ("mlp", "wrong_shapes", "batch 1 does not fit the declared inputs: model 'm', input input: expected size 8 at dim 1 (shape ['batch', 8]), got [2, 9]"),
+        ("mlp", "not_batches", "batch 0: expected (args, kwargs), a tuple of a tuple and a dict, got Tensor"),
+        ("mlp", "empty", "it yielded no batch; yield at least one (args, kwargs) batch"),
+        ("elementwise", None, 'quantize = "int8", but X86InductorQuantizer found no layer to quantize'),
+    ],
+)
+def test_bad_calibration_and_unquantizable_models_are_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, factory: str, calibration: str | None, expected: str
+) -> None:
+    """The worker's quantize step itself, in this process (a build through the hook is above)."""
+    from hatch_precompile.build.config import parse_config
+    from hatch_precompile.build.errors import ModelBuildError
+    from hatch_precompile.worker.capture import build_module, capture
+    from hatch_precompile.worker.quantize import quantize
+
+    package = tmp_path / "int8pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "models.py").write_text(MODELS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    table = tomllib.loads(FAILING.format(factory=factory) + (f'calibration = "int8pkg.models:{calibration}"\n' if calibration else ""))
+    model = parse_config(table["tool"]["hatch"]["build"]["hooks"]["precompile"]).models["m"]
+    module, reference = build_module(model)
+    with pytest.raises(ModelBuildError) as caught:
+        quantize(model, capture(model, module, {}, reference))
+    assert caught.value.model == "m" and expected in str(caught.value)
+    if calibration:
+        assert caught.value.step == f"calibrating with calibration = 'int8pkg.models:{calibration}'"
