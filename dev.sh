@@ -101,8 +101,8 @@ install_big_weights() {  # after install_example: adds big_weights (2.7 GB of ML
   "$DEMO/venv/bin/python" -m pip install --disable-pip-version-check -q "$DEMO"/dist/big_weights-*.whl
 }
 
-install_minilm() {  # after install_example: adds minilm (float32 and bfloat16) to $DEMO/venv
-  echo "== building the MiniLM-sized wheel (one BERT in float32 and in bfloat16)"
+install_minilm() {  # after install_example: adds minilm (float32, bfloat16, int8) to $DEMO/venv
+  echo "== building the MiniLM-sized wheel (one BERT in float32, in bfloat16 and in int8)"
   build_example_wheel benchmarks/minilm
   "$DEMO/venv/bin/python" -m pip install --disable-pip-version-check -q "$DEMO"/dist/minilm-*.whl
 }

@@ -10,8 +10,8 @@ builds both and runs this). Models (--models):
 - mlp_537mb, mlp_2gb: models whose load is their weights (benchmarks/big_weights,
   package big_weights): eight square Linear layers, 537 MB and 2.1 GB of float32;
   input [8, width]. Not in the default set (the wheel is 2.7 GB): ask for them
-- minilm, minilm_bf16: a BertModel the size of all-MiniLM-L6-v2 (benchmarks/minilm,
-  package minilm), compiled in float32 and in bfloat16; token ids [8, 128] and a
+- minilm, minilm_bf16, minilm_int8: a BertModel the size of all-MiniLM-L6-v2 (benchmarks/minilm,
+  package minilm), compiled in float32, in bfloat16 and quantized to int8; token ids [8, 128] and a
   padding mask. Measured against eager and ONNX Runtime, and each case's first
   output (last_hidden_state) against float32 eager's. Not in the default set
 
@@ -143,7 +143,7 @@ MODELS.update(
     {
         key: Model(
             key=key,
-            title=f"BertModel the size of all-MiniLM-L6-v2, {dtype or 'float32'} (benchmarks/minilm)",
+            title=f"BertModel the size of all-MiniLM-L6-v2, {precision} (benchmarks/minilm)",
             package="minilm",
             name=key,
             factory="minilm.model:minilm",
@@ -155,7 +155,7 @@ MODELS.update(
             output_module="transformers.modeling_outputs",
             dtype=dtype,
         )
-        for key, dtype in (("minilm", None), ("minilm_bf16", "bfloat16"))
+        for key, dtype, precision in (("minilm", None, "float32"), ("minilm_bf16", "bfloat16", "bfloat16"), ("minilm_int8", None, "int8"))
     }
 )
 DEFAULT_MODELS = ["encoder", "bert"]
@@ -175,6 +175,8 @@ def cases_for(model: Model) -> list[str]:
     """The cases measured for a model; the first is the baseline of "vs eager"."""
     if model.features:
         return [EAGER_FAST, LOADER, LOADER_NEXT]
+    if model.key == "minilm_int8":  # its eager module is minilm's (float32): only the compiled int8 graph is new
+        return [LOADER]
     if model.package == "minilm":
         return [EAGER, LOADER, ORT]
     plain = [LOADER_PLAIN] if model.library else []  # only a model with library output classes has "plain" ones

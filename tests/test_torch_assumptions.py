@@ -674,3 +674,21 @@ def test_the_vector_isa_probes_compile_into_the_folder_given_and_only_once(tmp_p
     assert not list((tmp_path / "inductor-cache").rglob("*.so")), "a probe was built outside the folder given"
     assert probe() == first
     assert programs() == built, "the second process built the probe programs again"
+
+
+def test_int8_weights_pack_into_an_opaque_layout_that_the_recorded_call_rebuilds() -> None:
+    """The loader rebuilds an int8 variant's packed weights by calling the prepack
+    ops again (`_torch_private.prepack`): they are torch's own (no torchao), their
+    result cannot be saved, and packing the same plain weight gives the same one."""
+    weight = torch.randint(-128, 128, (16, 32), dtype=torch.int8, generator=torch.Generator().manual_seed(0))
+    packed = _torch_private.prepack("onednn.qlinear_prepack", [weight, None])
+    assert packed.layout == torch._mkldnn and torch.equal(packed.to_dense(), weight.t())
+    with pytest.raises(NotImplementedError, match="OpaqueTensorImpl"):
+        packed.untyped_storage()
+    conv = torch.randint(-128, 128, (8, 3, 3, 3), dtype=torch.int8, generator=torch.Generator().manual_seed(1))
+    scales = torch.rand(8) / 100
+    packed = _torch_private.prepack("onednn.qconv_prepack", [conv, scales, 0.02, 0, [1, 1], [1, 1], [1, 1], 1, None])
+    assert packed.layout == torch._mkldnn and torch.equal(packed.to_dense(), conv)
+    assert set(_torch_private.PREPACK_OPS) == {"onednn.qlinear_prepack", "onednn.qconv_prepack"}
+    with pytest.raises(ValueError, match="not an op this loader rebuilds packed weights with"):
+        _torch_private.prepack("aten.add", [weight, weight])
