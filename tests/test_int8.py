@@ -231,7 +231,22 @@ def test_without_torchao_the_build_says_what_to_add(tmp_path: Path) -> None:
     (shadow / "__init__.py").write_text('raise ImportError("No module named torchao (shadowed by the test)")\n')
     output = _failed_build(project, PYTHONPATH=str(shadow.parent))
     assert "model 'm' failed while quantizing to int8: quantize = \"int8\" needs torchao in the build environment" in output
-    assert 'add "hatch-precompile[int8]" (or "torchao>=0.18") to [build-system] requires' in output
+    assert 'add "hatch-precompile[int8]" (or "torchao>=0.18,<0.19") to [build-system] requires' in output
+
+
+def test_a_graph_without_int8_kernels_fails_the_build() -> None:
+    """torch 2.14+ compiles a float32 graph that only simulates int8 when torchao's
+    passes are not registered; the build refuses one."""
+    from hatch_precompile.build.config import ModelConfig
+    from hatch_precompile.build.errors import ModelBuildError
+    from hatch_precompile.worker.quantize import check_int8_kernels
+
+    model = ModelConfig("m", "pkg:factory", "eager", "embed", quantize="int8")
+    check_int8_kernels(model, "buf0 = torch.ops.onednn.qlinear_pointwise.tensor(arg0_1, ...)")
+    with pytest.raises(ModelBuildError) as caught:
+        check_int8_kernels(model, "extern_kernels.addmm(_frozen_param1, buf0, _frozen_param2, out=buf1)")
+    assert caught.value.step == "compiling the int8 graph"
+    assert "calls no oneDNN int8 kernel" in caught.value.message and "only simulates int8" in caught.value.message
 
 
 def _failed_build(project: Path, **extra_env: str) -> str:

@@ -12,6 +12,7 @@ are torch's own.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +25,10 @@ def rebuild_constants(data: bytes, path: Path, specs: dict[str, ConstantSpec]) -
     """Each constant by global name, from the constants file's checked bytes."""
     import torch
 
-    stored = safetensors_views(bytearray(data), path)
-    storages: dict[str, Any] = {}  # each storage copied once, into memory torch allocates (aligned)
+    with warnings.catch_warnings():  # views of read-only bytes: each is copied (storages) or only read (prepacks)
+        warnings.filterwarnings("ignore", message="The given buffer is not writable")
+        stored = safetensors_views(data, path)
+    storages: dict[str, Any] = {}  # each storage copied once, into memory torch allocates (aligned, writable)
     constants = {}
     for name, spec in specs.items():
         if "prepack" in spec:

@@ -28,7 +28,7 @@ from ..runtime._contract import check_inputs, flatten_call
 from ..runtime._schema import DimRecord
 from .capture import Captured, _torch_error, import_object
 
-TORCHAO_REQUIREMENT = "torchao>=0.18"
+TORCHAO_REQUIREMENT = "torchao>=0.18,<0.19"  # as the int8 extra in pyproject.toml
 # The op calls that show the compiled graph runs int8 kernels, not float32 ones
 # that simulate the quantization (torch 2.14+ compiles those, 4x slower, when
 # torchao's passes are not registered).
@@ -73,7 +73,7 @@ def check_int8_kernels(model: ModelConfig, source: str) -> None:
             "compiling the int8 graph",
             f"the compiled graph calls no oneDNN int8 kernel (torch {torch.__version__}, torchao "
             f"{_torchao_version()}): it would run float32 arithmetic that only simulates int8. Use a torchao whose "
-            f"x86 inductor passes support this torch ({TORCHAO_REQUIREMENT}; 0.18.0 was tested with torch 2.13-2.15)",
+            f"x86 inductor passes support this torch ({TORCHAO_REQUIREMENT}: 0.18.0 was tested with torch 2.13-2.15)",
         )
 
 
