@@ -11,6 +11,7 @@ import sys
 import tomllib
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -224,35 +225,26 @@ def test_a_calibration_that_raises_stops_the_build_with_its_traceback(tmp_path: 
     assert "RuntimeError: the calibration data set is not mounted" in output
 
 
-def test_without_torchao_the_build_says_what_to_add(tmp_path: Path) -> None:
-    project = write_project(tmp_path, "int8pkg", MODELS, FAILING.format(factory="mlp"))
-    shadow = tmp_path / "shadow" / "torchao"
-    shadow.mkdir(parents=True)
-    (shadow / "__init__.py").write_text('raise ImportError("No module named torchao (shadowed by the test)")\n')
-    output = _failed_build(project, PYTHONPATH=str(shadow.parent))
-    assert "model 'm' failed while quantizing to int8: quantize = \"int8\" needs torchao in the build environment" in output
-    assert 'add "hatch-precompile[int8]" (or "torchao>=0.18,<0.19") to [build-system] requires' in output
-
-
-def test_a_graph_without_int8_kernels_fails_the_build() -> None:
-    """torch 2.14+ compiles a float32 graph that only simulates int8 when torchao's
-    passes are not registered; the build refuses one."""
-    from hatch_precompile.build.config import ModelConfig
-    from hatch_precompile.build.errors import ModelBuildError
-    from hatch_precompile.worker.quantize import check_int8_kernels
-
-    model = ModelConfig("m", "pkg:factory", "eager", "embed", quantize="int8")
-    check_int8_kernels(model, "buf0 = torch.ops.onednn.qlinear_pointwise.tensor(arg0_1, ...)")
-    with pytest.raises(ModelBuildError) as caught:
-        check_int8_kernels(model, "extern_kernels.addmm(_frozen_param1, buf0, _frozen_param2, out=buf1)")
-    assert caught.value.step == "compiling the int8 graph"
-    assert "calls no oneDNN int8 kernel" in caught.value.message and "only simulates int8" in caught.value.message
-
-
 def _failed_build(project: Path, **extra_env: str) -> str:
     result = run([sys.executable, "-m", "build", "--wheel", "--no-isolation", str(project)], env={**os.environ, **extra_env}, check=False)
     assert result.returncode != 0 and not list((project / "dist").glob("*.whl"))
     return result.stdout + result.stderr
+
+
+def _captured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, factory: str, calibration: str | None) -> tuple[Any, Any]:
+    """A model of MODELS configured by FAILING, captured by the worker's own code in this process."""
+    from hatch_precompile.build.config import parse_config
+    from hatch_precompile.worker.capture import build_module, capture
+
+    package = tmp_path / "int8pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "models.py").write_text(MODELS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    table = tomllib.loads(FAILING.format(factory=factory) + (f'calibration = "int8pkg.models:{calibration}"\n' if calibration else ""))
+    model = parse_config(table["tool"]["hatch"]["build"]["hooks"]["precompile"]).models["m"]
+    module, reference = build_module(model)
+    return model, capture(model, module, {}, reference)
 
 
 @pytest.mark.parametrize(
@@ -268,21 +260,28 @@ def test_bad_calibration_and_unquantizable_models_are_named(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, factory: str, calibration: str | None, expected: str
 ) -> None:
     """The worker's quantize step itself, in this process (a build through the hook is above)."""
-    from hatch_precompile.build.config import parse_config
     from hatch_precompile.build.errors import ModelBuildError
-    from hatch_precompile.worker.capture import build_module, capture
     from hatch_precompile.worker.quantize import quantize
 
-    package = tmp_path / "int8pkg"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    (package / "models.py").write_text(MODELS)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    table = tomllib.loads(FAILING.format(factory=factory) + (f'calibration = "int8pkg.models:{calibration}"\n' if calibration else ""))
-    model = parse_config(table["tool"]["hatch"]["build"]["hooks"]["precompile"]).models["m"]
-    module, reference = build_module(model)
+    import torch._inductor.config as inductor_config
+
+    model, captured = _captured(tmp_path, monkeypatch, factory, calibration)
+    global_pass = inductor_config.pre_grad_custom_pass
     with pytest.raises(ModelBuildError) as caught:
-        quantize(model, capture(model, module, {}, reference))
+        quantize(model, captured)
     assert caught.value.model == "m" and expected in str(caught.value)
+    assert inductor_config.pre_grad_custom_pass is global_pass  # torchao's import set it process-wide; quantize undid that
     if calibration:
         assert caught.value.step == f"calibrating with calibration = 'int8pkg.models:{calibration}'"
+
+
+def test_without_torchao_the_build_says_what_to_add(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hatch_precompile.build.errors import ModelBuildError
+    from hatch_precompile.worker.quantize import quantize
+
+    model, captured = _captured(tmp_path, monkeypatch, "mlp", None)
+    monkeypatch.setitem(sys.modules, "torchao.quantization.pt2e.quantize_pt2e", None)  # an import of it raises ImportError
+    with pytest.raises(ModelBuildError) as caught:
+        quantize(model, captured)
+    assert str(caught.value).startswith("hatch-precompile: model 'm' failed while quantizing to int8: quantize = \"int8\" needs torchao in the build environment")
+    assert 'add "hatch-precompile[int8]" (or "torchao>=0.18,<0.19") to [build-system] requires' in caught.value.message

@@ -36,7 +36,7 @@ from .capture import Captured, _torch_error
 from .constants import ConstantsRefused, save_constants
 from .key import artifact_key, build_environment
 from .lean import LeanCandidate, LeanRefused, rewrite
-from .quantize import check_int8_kernels
+from .quantize import check_int8_kernels, int8_inductor_config
 from .weights import lifted_weights
 
 CHECK_DIR = "lean-check"  # scratch: inputs and expected outputs for the fresh-process check
@@ -164,7 +164,7 @@ def _compile_frozen(
     config, isa, isa_flags = _target_config(model, target)
     with torch_internals.captured_kernels() as built:
         try:
-            frozen = torch_internals.compile_frozen(quantized, config)
+            frozen = torch_internals.compile_frozen(quantized, {**config, **int8_inductor_config()})
         except Exception as error:
             raise ModelBuildError(model.name, _compiling(target), _torch_error(error)) from None
         with torch.no_grad():

@@ -117,7 +117,10 @@ def _is_quantize_op(node: torch.fx.Node) -> bool:
 def _torchao(model: ModelConfig) -> tuple[Any, Any, Any]:
     """torchao's x86 inductor quantizer module (importing it registers the
     passes that make inductor's int8 kernels on torch 2.14+), and convert_pt2e,
-    prepare_pt2e."""
+    prepare_pt2e; inductor's global pre-grad pass left as it was."""
+    import torch._inductor.config as inductor_config
+
+    unchanged = inductor_config.pre_grad_custom_pass
     try:
         from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
         from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer
@@ -128,7 +131,18 @@ def _torchao(model: ModelConfig) -> tuple[Any, Any, Any]:
             f"quantize = \"int8\" needs torchao in the build environment ({error}); add \"hatch-precompile[int8]\" "
             f"(or \"{TORCHAO_REQUIREMENT}\") to [build-system] requires",
         ) from None
+    finally:  # the import sets it for the whole process: `int8_inductor_config` sets it for int8 compiles only
+        inductor_config.pre_grad_custom_pass = unchanged
     return x86_inductor_quantizer, convert_pt2e, prepare_pt2e
+
+
+def int8_inductor_config() -> dict[str, Any]:
+    """What an int8 compile adds to inductor's configuration: torchao's pre-grad
+    pass (`quant_lift_up`), which importing its quantizer sets process-wide, where
+    a float model compiled next by the same worker would run it too."""
+    from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer
+
+    return {"pre_grad_custom_pass": x86_inductor_quantizer.quant_lift_up}
 
 
 def _torchao_version() -> str:
