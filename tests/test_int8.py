@@ -260,10 +260,10 @@ def test_bad_calibration_and_unquantizable_models_are_named(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, factory: str, calibration: str | None, expected: str
 ) -> None:
     """The worker's quantize step itself, in this process (a build through the hook is above)."""
+    import torch._inductor.config as inductor_config
+
     from hatch_precompile.build.errors import ModelBuildError
     from hatch_precompile.worker.quantize import quantize
-
-    import torch._inductor.config as inductor_config
 
     model, captured = _captured(tmp_path, monkeypatch, factory, calibration)
     global_pass = inductor_config.pre_grad_custom_pass

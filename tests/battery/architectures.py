@@ -30,6 +30,7 @@ class Architecture:
     options: dict[str, bool] = field(default_factory=dict)
     factory_name: str = ""  # the factory in models.py, when not the model's name
     dtype: str | None = None  # compiled in this precision; compared with the float32 module
+    quantize: str | None = None  # "int8": quantized (PT2E) and compiled frozen; compared with the float32 module
 
     @property
     def factory(self) -> str:
@@ -69,6 +70,20 @@ ARCHITECTURES = [
     Architecture(
         "llama_bf16", "transformers: bfloat16", "LlamaModel (rotary, grouped-query attention), in bfloat16",
         [TOKENS], TEXT_DIMS, {"attention_mask": MASK}, factory_name="llama", dtype="bfloat16",
+    ),
+    # int8 (PT2E with torchao), held to the float32 model; loads lean only (no artifact form)
+    Architecture(
+        "llama_int8", "int8 (PT2E)", "LlamaModel (rotary, grouped-query attention), quantized to int8",
+        [TOKENS], TEXT_DIMS, {"attention_mask": MASK}, factory_name="llama", quantize="int8",
+    ),
+    Architecture("vit_int8", "int8 (PT2E)", "ViTModel, quantized to int8", [image(3, 32, 32)], {"batch": (1, 4)}, factory_name="vit", quantize="int8"),
+    Architecture(
+        "resnet_int8", "int8 (PT2E)", "ResNetModel (convolutions with batch norm, max pooling), quantized to int8",
+        [image(3, 32, 32)], {"batch": (1, 4)}, factory_name="resnet", quantize="int8",
+    ),
+    Architecture(
+        "conv_maxpool_int8", "int8 (PT2E)", "Conv2d, ReLU, MaxPool2d, Linear, quantized to int8",
+        [image(3, 16, 16)], {"batch": (1, 8)}, factory_name="conv_maxpool", quantize="int8",
     ),
     # transformers vision
     Architecture("vit", "transformers: vision", "ViTModel", [image(3, 32, 32)], {"batch": (1, 4)}),
@@ -173,6 +188,8 @@ def table(architectures: list[Architecture], package: str) -> str:
             lines.append("kwargs = { " + ", ".join(f"{k} = {_inline(v)}" for k, v in a.kwargs.items()) + " }")
         if a.dtype:
             lines.append(f'dtype = "{a.dtype}"')
+        if a.quantize:
+            lines.append(f'quantize = "{a.quantize}"')
         if a.options:
             lines.append("options = { " + ", ".join(f"{k} = {str(v).lower()}" for k, v in a.options.items()) + " }")
         lines.append("dims = { " + ", ".join(f"{d} = {{ min = {lo}, max = {hi} }}" for d, (lo, hi) in a.dims.items()) + " }")
