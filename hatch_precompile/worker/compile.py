@@ -173,12 +173,13 @@ def _compile_frozen(
     check_int8_kernels(model, frozen.source)
     entry = _variant_entry(model, file, fixed, target, isa, isa_flags, kernel_files, out_dir)
     step = "writing the int8 graph's lean form, its only form"
+    module_name = lean_module_file(artifact_file(target.name, fixed))
     refused = torch_internals.wrapper_work(captured.exported)
     if frozen.mutated_inputs:
         refused = f"the compiled graph mutates inputs {frozen.mutated_inputs}"
     try:
         entry["constants"] = save_constants(frozen, out_dir / file)
-        lean = rewrite(frozen.source, set(entry["kernels"]), f"{model.name}/{lean_module_file(artifact_file(target.name, fixed))}")
+        lean = rewrite(frozen.source, set(entry["kernels"]), f"{model.name}/{module_name}")
     except (ConstantsRefused, LeanRefused) as reason:
         refused = str(reason)
     else:
@@ -186,7 +187,7 @@ def _compile_frozen(
             refused = f"it declares the constants {sorted(lean.constants)}, the compiled graph holds {sorted(entry['constants'])}"
     if refused:
         raise ModelBuildError(model.name, step, refused)
-    module_path = out_dir / lean_module_file(artifact_file(target.name, fixed))
+    module_path = out_dir / module_name
     module_path.write_text(lean.text, encoding="utf-8")
     entry["lean"] = {"file": module_path.name, "extern_kernels": lean.extern_kernels, "inputs_to_check": frozen.inputs_to_check}
     return entry, list(outputs)
