@@ -105,7 +105,7 @@ def assemble(staging: Path, package: str, entries: dict[str, ModelEntry]) -> dic
                 "chunk_size": CHUNK_SIZE,
                 "chunk_checksums": _weights_checksums(weights),
             }
-        entry["artifacts"] = [_artifact_record(model, model_dir, a) for a in entry["artifacts"]]
+        entry["artifacts"] = _share_identical_constants([_artifact_record(model, model_dir, a) for a in entry["artifacts"]])
         kernel_keys = sorted({key for a in entry["artifacts"] for key in a["kernels"]})
         entry["kernels"] = {
             key: {"file": f"{model}/{KERNELS_DIR}/{kernel_file(key)}", **file_record(model_dir / KERNELS_DIR / kernel_file(key))}
@@ -129,7 +129,7 @@ def assemble(staging: Path, package: str, entries: dict[str, ModelEntry]) -> dic
         shipped.extend(staging / a["file"] for a in entry["artifacts"])
         shipped.extend(staging / a["lean"]["file"] for a in entry["artifacts"] if "file" in a["lean"])
         shipped.extend(staging / k["file"] for k in entry["kernels"].values())
-    return {str(path): f"{package}/{PRECOMPILED_DIR}/{path.relative_to(staging).as_posix()}" for path in shipped}
+    return {str(path): f"{package}/{PRECOMPILED_DIR}/{path.relative_to(staging).as_posix()}" for path in dict.fromkeys(shipped)}
 
 
 def _artifact_record(model: str, model_dir: Path, artifact: ArtifactEntry) -> ArtifactEntry:
@@ -138,3 +138,15 @@ def _artifact_record(model: str, model_dir: Path, artifact: ArtifactEntry) -> Ar
     if "file" in lean:
         lean = {**lean, "file": f"{model}/{lean['file']}", **file_record(model_dir / lean["file"])}
     return {**artifact, "file": f"{model}/{artifact['file']}", **file_record(model_dir / artifact["file"]), "lean": lean}
+
+
+def _share_identical_constants(artifacts: list[ArtifactEntry]) -> list[ArtifactEntry]:
+    """Point int8 variants whose constants files hold the same bytes at the first
+    one's file, so that the wheel carries it once. The constants are the plain
+    weights and scales, which no CPU target changes (each CPU's packed layout is
+    made at load), so an int8 model's targets usually share one file."""
+    first: dict[str, str] = {}  # sha256 -> the file that ships those bytes
+    for artifact in artifacts:
+        if "constants" in artifact:
+            artifact["file"] = first.setdefault(artifact["sha256"], artifact["file"])
+    return artifacts

@@ -11,7 +11,8 @@ them by these names and the loader reads them by the same ones.
         cpu_avx2_batch8.bin            named by both (`artifact_file`)
         cpu_avx2.py, ...               each artifact's lean module (`lean_module_file`)
         cpu_avx2_constants.safetensors an int8 variant's frozen constants, instead of its
-                                       artifact (`constants_file`)
+                                       artifact (`constants_file`); variants whose
+                                       constants are the same bytes share the first's file
         kernels/k_<key>.so             the compiled kernels, shared by the model's artifacts
 
 Every name is an identifier, so that each shipped file lies at an importable
