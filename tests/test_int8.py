@@ -76,6 +76,24 @@ def elementwise():
     return Elementwise()
 
 
+class AddmmLayer(nn.Module):
+    """Like transformers' Conv1D (GPT-2): a matrix product by addmm, which the quantizer leaves alone."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(8, 8))
+        self.bias = nn.Parameter(torch.zeros(8))
+
+    def forward(self, x):
+        hidden = torch.addmm(self.bias, x, self.weight)
+        return hidden * torch.tanh(hidden)
+
+
+def addmm_layer():
+    torch.manual_seed(0)
+    return AddmmLayer()
+
+
 def raising():
     yield (torch.randn(2, 8),), {}
     raise RuntimeError("the calibration data set is not mounted")
@@ -253,7 +271,8 @@ def _captured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, factory: str, cal
         ("mlp", "wrong_shapes", "batch 1 does not fit the declared inputs: model 'm', input input: expected size 8 at dim 1 (shape ['batch', 8]), got [2, 9]"),
         ("mlp", "not_batches", "batch 0: expected (args, kwargs), a tuple of a tuple and a dict, got Tensor"),
         ("mlp", "empty", "it yielded no batch; yield at least one (args, kwargs) batch"),
-        ("elementwise", None, 'quantize = "int8", but X86InductorQuantizer found no layer to quantize'),
+        ("elementwise", None, 'quantize = "int8", but X86InductorQuantizer found no layer to quantize: it quantizes linear layers and convolutions; remove'),
+        ("addmm_layer", None, "this model's matrix products are aten.addmm.default, which it leaves in float32 (transformers' Conv1D"),
     ],
 )
 def test_bad_calibration_and_unquantizable_models_are_named(

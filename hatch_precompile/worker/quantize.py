@@ -33,6 +33,8 @@ TORCHAO_REQUIREMENT = "torchao>=0.18,<0.19"  # as the int8 extra in pyproject.to
 # that simulate the quantization (torch 2.14+ compiles those, 4x slower, when
 # torchao's passes are not registered).
 INT8_KERNEL_OPS = ("torch.ops.onednn.qlinear_pointwise", "torch.ops.onednn.qconv_pointwise")
+# Matrix products X86InductorQuantizer does not quantize (it quantizes aten.linear and aten.conv*).
+MATRIX_PRODUCT_OPS = ("aten.addmm", "aten.mm", "aten.bmm", "aten.matmul", "aten.baddbmm", "aten.einsum")
 
 
 def quantize(model: ModelConfig, captured: Captured) -> torch.fx.GraphModule:
@@ -55,12 +57,12 @@ def quantize(model: ModelConfig, captured: Captured) -> torch.fx.GraphModule:
             except Exception as error:
                 raise ModelBuildError(model.name, calibrating, f"batch {index}: the prepared module failed: {_torch_error(error)}") from None
     converted = convert_pt2e(prepared)
-    if not any(_is_quantize_op(node) for node in converted.graph.nodes):
+    if not any(_is_quantized_layer(node) for node in converted.graph.nodes):
         raise ModelBuildError(
             model.name,
             step,
-            "quantize = \"int8\", but X86InductorQuantizer found no layer to quantize (it quantizes linear layers, "
-            "convolutions and the ops around them); remove `quantize` for this model",
+            "quantize = \"int8\", but X86InductorQuantizer found no layer to quantize: it quantizes linear layers and "
+            f"convolutions{_unquantized_products(converted)}; remove `quantize` for this model",
         )
     return converted
 
@@ -110,8 +112,25 @@ def calibration_batches(model: ModelConfig, captured: Captured) -> Iterable[tupl
         raise ModelBuildError(model.name, step, "it yielded no batch; yield at least one (args, kwargs) batch")
 
 
-def _is_quantize_op(node: torch.fx.Node) -> bool:
-    return node.op == "call_function" and "quantize_per" in str(node.target) and "dequantize" not in str(node.target)
+def _is_quantized_layer(node: torch.fx.Node) -> bool:
+    """A linear layer or convolution whose weight the quantizer made int8 (it
+    reaches the layer through a dequantize). The quantizer may also quantize
+    the inputs of elementwise ops, which alone make no int8 kernel."""
+    if node.op != "call_function" or not str(node.target).startswith(("aten.linear", "aten.conv")) or len(node.args) < 2:
+        return False
+    weight = node.args[1]
+    return isinstance(weight, torch.fx.Node) and "dequantize" in str(weight.target)
+
+
+def _unquantized_products(graph_module: torch.fx.GraphModule) -> str:
+    """What the message adds where the model multiplies matrices in ops the quantizer leaves in float32."""
+    products = sorted({str(node.target) for node in graph_module.graph.nodes if str(node.target).startswith(MATRIX_PRODUCT_OPS)})
+    if not products:
+        return ""
+    return (
+        f", and this model's matrix products are {', '.join(products)}, which it leaves in float32 (transformers' "
+        "Conv1D, as in GPT-2, is an addmm)"
+    )
 
 
 def _torchao(model: ModelConfig) -> tuple[Any, Any, Any]:
