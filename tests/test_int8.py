@@ -119,6 +119,7 @@ inputs = [{ shape = ["batch", 3, 32, 32] }]
 dims = { batch = { min = 1, max = 16 } }
 quantize = "int8"
 calibration = "int8pkg.models:images"
+weights = "factory"  # the graph has its weights compiled in: the wheel ships no float32 copy
 
 [tool.hatch.build.hooks.precompile.models.encoder]
 factory = "int8pkg.models:encoder"
@@ -152,6 +153,8 @@ def test_the_wheel_ships_the_lean_form_and_constants_only(int8_wheel: Path) -> N
         manifest = json.loads(archive.read("int8pkg/_precompiled/manifest.json"))
         module = archive.read("int8pkg/_precompiled/net/cpu_avx2.py").decode()
     assert not [n for n in names if n.endswith(".bin")]
+    assert "int8pkg/_precompiled/encoder/weights.safetensors" in names  # for the eager fallback
+    assert not [n for n in names if n.startswith("int8pkg/_precompiled/net/weights")]  # weights = "factory"
     for name in ("net", "encoder"):
         model = manifest["models"][name]
         (variant,) = model["artifacts"]
@@ -214,6 +217,7 @@ def test_it_loads_lean_without_compiler_or_torchao_and_keeps_float32_accuracy(in
 
 
 def test_without_its_lean_form_it_falls_back_and_says_why(int8_venv: Venv, tmp_path: Path) -> None:
+    """To the factory's module: `net` ships no weights (weights = "factory")."""
     code = "import warnings, int8pkg; warnings.simplefilter('always'); print(int8pkg.load_compiled('net'))"
     result = int8_venv.script(code, env=no_compiler_env(tmp_path, HATCH_PRECOMPILE_FORM="artifact"))
     assert "<eager fallback Net>" in result.stdout

@@ -85,7 +85,8 @@ MODEL_KEYS = {
     "weights": KeyDoc(
         "`\"embed\"` \\| `\"factory\"`",
         "`\"embed\"`",
-        "`embed`: ship parameters, buffers and constants as safetensors; `factory`: ship nothing but constants, call the factory at load",
+        "`embed`: ship parameters, buffers and constants as safetensors; `factory`: ship nothing but constants, call the factory at load "
+        "(an int8 model has its weights compiled in: only its eager fallback calls the factory)",
     ),
     "dtype": KeyDoc("`\"float32\"` \\| `\"bfloat16\"` \\| `\"float16\"`", "(unchanged)", "convert the module's floating-point state before capture"),
     "options": KeyDoc(
@@ -432,7 +433,7 @@ def _parse_model(
     if "cpu-targets" in raw:
         cpu_targets = _parse_cpu_targets(check, raw["cpu-targets"], f"{path}.cpu-targets")
     accuracy = _parse_accuracy(check, raw.get("accuracy", {}), f"{path}.accuracy")
-    quantize, calibration = _parse_quantize(check, raw, path, dtype, weights, dims)
+    quantize, calibration = _parse_quantize(check, raw, path, dtype, dims)
 
     if len(check.problems) > before or factory is None or weights is None or options is None:
         return None
@@ -456,11 +457,10 @@ def _parse_model(
 
 
 def _parse_quantize(
-    check: _Checker, raw: dict[str, Any], path: str, dtype: str | None, weights: str | None, dims: dict[str, Dim]
+    check: _Checker, raw: dict[str, Any], path: str, dtype: str | None, dims: dict[str, Dim]
 ) -> tuple[str | None, str | None]:
     """`quantize = "int8"` and its `calibration`. An int8 graph is quantized from the
-    float32 module and compiled with its weights frozen in, so it cannot also take
-    another dtype or the factory's weights at load."""
+    float32 module, so it cannot also take another dtype."""
     quantize = check.choice(raw["quantize"], f"{path}.quantize", QUANTIZATIONS) if "quantize" in raw else None
     calibration = None
     if "calibration" in raw:
@@ -469,12 +469,6 @@ def _parse_quantize(
             check.fail(f"{path}.calibration", "sets the int8 scales, so it needs `quantize = \"int8\"`; add that or remove it")
     if quantize is not None and dtype not in (None, "float32"):
         check.fail(f"{path}.dtype", f"is {dtype!r}, but `quantize` quantizes the float32 module; remove one of the two")
-    if quantize is not None and weights == "factory":
-        check.fail(
-            f"{path}.weights",
-            "is 'factory', but an int8 graph has its weights compiled in (frozen) and cannot take the factory's at load; "
-            "use weights = \"embed\"",
-        )
     for dim in dims.values() if quantize is not None else ():
         if dim.buckets:
             check.fail(
