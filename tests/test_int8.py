@@ -276,7 +276,7 @@ def _captured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, factory: str, cal
         ("mlp", "not_batches", "batch 0: expected (args, kwargs), a tuple of a tuple and a dict, got Tensor"),
         ("mlp", "empty", "it yielded no batch; yield at least one (args, kwargs) batch"),
         ("elementwise", None, 'quantize = "int8", but X86InductorQuantizer found no layer to quantize: it quantizes linear layers and convolutions; remove'),
-        ("addmm_layer", None, "this model's matrix products are aten.addmm.default, which it leaves in float32 (transformers' Conv1D"),
+        ("addmm_layer", None, "this model's matrix products are aten.addmm.default, which it leaves in float32 (transformers' Conv1D, as in GPT-2, is an addmm: make each an nn.Linear"),
     ],
 )
 def test_bad_calibration_and_unquantizable_models_are_named(

@@ -129,7 +129,7 @@ def _unquantized_products(graph_module: torch.fx.GraphModule) -> str:
         return ""
     return (
         f", and this model's matrix products are {', '.join(products)}, which it leaves in float32 (transformers' "
-        "Conv1D, as in GPT-2, is an addmm)"
+        "Conv1D, as in GPT-2, is an addmm: make each an nn.Linear in the factory, see docs/configuration.md#int8)"
     )
 
 

@@ -76,6 +76,10 @@ ARCHITECTURES = [
         "llama_int8", "int8 (PT2E)", "LlamaModel (rotary, grouped-query attention), quantized to int8",
         [TOKENS], TEXT_DIMS, {"attention_mask": MASK}, factory_name="llama", quantize="int8",
     ),
+    Architecture(
+        "gpt2_int8", "int8 (PT2E)", "GPT2Model with its Conv1D layers made nn.Linear in the factory, quantized to int8",
+        [TOKENS], TEXT_DIMS, {"attention_mask": MASK}, factory_name="gpt2_as_linear", quantize="int8",
+    ),
     Architecture("vit_int8", "int8 (PT2E)", "ViTModel, quantized to int8", [image(3, 32, 32)], {"batch": (1, 4)}, factory_name="vit", quantize="int8"),
     Architecture(
         "resnet_int8", "int8 (PT2E)", "ResNetModel (convolutions with batch norm, max pooling), quantized to int8",

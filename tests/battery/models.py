@@ -85,6 +85,24 @@ def llama():
 
 
 @_seeded
+def gpt2_as_linear():
+    """GPT2Model with its transformers Conv1D layers as the nn.Linear each computes:
+    Conv1D is an addmm, which X86InductorQuantizer leaves in float32 (the int8
+    row; docs/configuration.md#int8 shows the same conversion)."""
+    from transformers import GPT2Config, GPT2Model
+    from transformers.pytorch_utils import Conv1D
+
+    model = GPT2Model(GPT2Config(vocab_size=100, n_embd=32, n_layer=2, n_head=4, n_positions=64, use_cache=False))
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, Conv1D):
+                linear = nn.Linear(*child.weight.shape)  # Conv1D holds its weight as [in, out]
+                linear.weight.data, linear.bias.data = child.weight.data.t().contiguous(), child.bias.data
+                setattr(parent, name, linear)
+    return model
+
+
+@_seeded
 def mistral():
     from transformers import MistralConfig, MistralModel
 

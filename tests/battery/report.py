@@ -35,7 +35,7 @@ form's comparison.
   last compile and check (each worker imports torch once and checks the lean
   forms of all its models together, neither counted here), with another worker
   compiling beside it, on 2 cores that the test run shares with other builds
-  (the last run: an AVX2 AMD EPYC, release legs beside it): compare rows of one
+  (the last run: an Intel Xeon with AVX-512 and AMX, nothing beside it): compare rows of one
   table, not tables.
 - **max difference**: the largest absolute difference from eager over every
   output at the three sizes; for bfloat16 and int8 models, the worst relative
