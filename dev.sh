@@ -17,7 +17,7 @@ cd "$(dirname "$0")"
 PYTHON=${PYTHON:-python3}
 DEFAULT_TORCH=torch==2.13.0
 OTHER_RELEASES="2.14.1 2.15.0"  # the other supported releases, each tested by a leg
-BESIDE="tests/test_battery.py tests/test_build_cache.py tests/test_cpu_targets.py tests/test_model_forms.py"  # `./dev.sh test` runs these in a second pytest process
+BESIDE="tests/test_battery.py tests/test_build_cache.py tests/test_cpu_targets.py tests/test_int8.py tests/test_model_forms.py"  # `./dev.sh test` runs these in a second pytest process
 TORCH_REQUIREMENT=${TORCH_REQUIREMENT:-$DEFAULT_TORCH}
 
 venv_for() {  # venv_for <torch requirement>: its environment's folder
