@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from ..runtime._schema import ConstantSpec, PrepackArgument
-from .torch_internals import FrozenGraph
+from .torch_internals import FrozenGraph, is_onednn_packed
 
 
 class ConstantsRefused(Exception):
@@ -35,7 +35,7 @@ def save_constants(frozen: FrozenGraph, path: Path) -> dict[str, ConstantSpec]:
     for name, tensor in frozen.constants.items():
         if not isinstance(tensor, torch.Tensor):
             raise ConstantsRefused(f"its global {name} is a {type(tensor).__name__}, not a tensor")
-        if tensor.layout == torch._mkldnn:  # type: ignore[attr-defined]  # torch's name for oneDNN's opaque layout
+        if is_onednn_packed(tensor):
             if name not in frozen.prepacks:
                 raise ConstantsRefused(f"its global {name} is a oneDNN-packed tensor that no prepack call the build knows made")
             op, args = frozen.prepacks[name]

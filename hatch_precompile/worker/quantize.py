@@ -26,6 +26,7 @@ from ..build.config import ModelConfig
 from ..build.errors import ModelBuildError
 from ..runtime._contract import check_inputs, flatten_call
 from ..runtime._schema import DimRecord
+from . import torch_internals
 from .capture import Captured, _torch_error, import_object
 
 TORCHAO_REQUIREMENT = "torchao>=0.18,<0.19"  # as the int8 extra in pyproject.toml
@@ -137,12 +138,11 @@ def _torchao(model: ModelConfig) -> tuple[Any, Any, Any]:
     """torchao's x86 inductor quantizer module (importing it registers the
     passes that make inductor's int8 kernels on torch 2.14+), and convert_pt2e,
     prepare_pt2e; inductor's global pre-grad pass left as it was."""
-    import torch._inductor.config as inductor_config
-
-    unchanged = inductor_config.pre_grad_custom_pass
     try:
-        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
-        from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer
+        # the import sets that pass for the whole process: `int8_inductor_config` sets it for int8 compiles only
+        with torch_internals.pre_grad_pass_kept():
+            from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+            from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer
     except ImportError as error:
         raise ModelBuildError(
             model.name,
@@ -150,8 +150,6 @@ def _torchao(model: ModelConfig) -> tuple[Any, Any, Any]:
             f"quantize = \"int8\" needs torchao in the build environment ({error}); add \"hatch-precompile[int8]\" "
             f"(or \"{TORCHAO_REQUIREMENT}\") to [build-system] requires",
         ) from None
-    finally:  # the import sets it for the whole process: `int8_inductor_config` sets it for int8 compiles only
-        inductor_config.pre_grad_custom_pass = unchanged
     return x86_inductor_quantizer, convert_pt2e, prepare_pt2e
 
 

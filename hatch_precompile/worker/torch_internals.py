@@ -101,7 +101,10 @@ What it relies on (measured on torch 2.13):
   (`PREPACK_OPS`), whose result is an opaque `torch._mkldnn` tensor that no
   file can hold; a `TorchFunctionMode` sees each call, so the loader can call
   it again. Since torch 2.14 the passes that insert those calls are torchao's,
-  registered by importing its x86 inductor quantizer.
+  registered by importing its x86 inductor quantizer. That import also sets
+  inductor's process-wide `config.pre_grad_custom_pass` (torchao 0.18:
+  `quant_lift_up`), which `pre_grad_pass_kept` undoes, so that only int8
+  compiles run it (as a config patch).
 - One worker compiles several models. Process-wide counters number the graphs
   a process compiles, and reach the artifact: `AOT_COUNTER` in
   `torch._functorch.aot_autograd` (AOTAutograd's id, `# AOT ID: ['1_inference']`
@@ -370,6 +373,23 @@ class _PrepackRecorder(torch.overrides.TorchFunctionMode):
         if name in PREPACK_OPS and not kwargs and not isinstance(out, torch._subclasses.FakeTensor):
             self.calls.append((name, args, out))
         return out
+
+
+def is_onednn_packed(tensor: torch.Tensor) -> bool:
+    """Whether a tensor has oneDNN's opaque layout (a prepacked weight)."""
+    return bool(tensor.layout == torch._mkldnn)  # type: ignore[attr-defined]  # torch's name for that layout
+
+
+@contextlib.contextmanager
+def pre_grad_pass_kept() -> Iterator[None]:
+    """Restore inductor's process-wide pre-grad pass after the block (see the module docstring)."""
+    import torch._inductor.config as inductor_config
+
+    kept = inductor_config.pre_grad_custom_pass
+    try:
+        yield
+    finally:
+        inductor_config.pre_grad_custom_pass = kept
 
 
 def compile_frozen(graph_module: torch.fx.GraphModule, inductor_config: dict[str, Any]) -> FrozenGraph:
