@@ -188,7 +188,7 @@ def test_damaged_files_raise_a_format_error_not_an_assertion(compiled, damage, m
 
 
 def test_the_compiled_graph_carries_its_output_module_with_five_compiler_imports(compiled) -> None:
-    source, inputs_to_check, refused = torch_internals.output_module(compiled.artifact)
+    source, inputs_to_check, refused = torch_internals.output_module(compiled.artifact, set())
     assert refused == "" and inputs_to_check == []
     imports = sorted(set(re.findall(r"^from (torch\._inductor[\w.]*) import", source, flags=re.M)))
     assert imports == [
@@ -204,7 +204,7 @@ def test_the_compiled_graph_carries_its_output_module_with_five_compiler_imports
 def test_each_cpp_pybinding_in_the_module_is_a_kernel_the_compile_built(compiled) -> None:
     """The build keys kernels from load_pybinding_async's arguments; the module's
     cpp_pybinding(argtypes, source) must pass the others at their defaults."""
-    source, _, _ = torch_internals.output_module(compiled.artifact)
+    source, _, _ = torch_internals.output_module(compiled.artifact, set())
     module = lean.rewrite(source, set(compiled.kernels), "small")
     assert module.kernels and set(module.kernels) <= set(compiled.kernels)
     assert module.extern_kernels == ["addmm"]
@@ -216,7 +216,7 @@ def test_the_lean_module_runs_in_a_fresh_process_without_the_compiler_and_equals
     """Kernels load through importlib with PyInit_kernel and the tensor-pointer
     environment variable; extern_kernels.addmm is torch.addmm; nothing imports
     torch._inductor or torch._dynamo."""
-    source, _, _ = torch_internals.output_module(compiled.artifact)
+    source, _, _ = torch_internals.output_module(compiled.artifact, set())
     module = lean.rewrite(source, set(compiled.kernels), "small")
     (tmp_path / "small.py").write_text(module.text)
     x = torch.randn(6, 8)
@@ -250,13 +250,9 @@ def test_the_kernel_loading_names_the_loader_relies_on() -> None:
     assert torch_internals.extern_kernel_is_torch_function("bmm")
 
 
-class Mutates(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.register_buffer("calls", torch.zeros(1))
-
+class MutatesItsInput(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.calls.add_(1)
+        x.add_(1)
         return x * 2
 
 
@@ -279,7 +275,7 @@ class Random(nn.Module):
 @pytest.mark.parametrize(
     ("module", "reason"),
     [
-        (Mutates(), "it mutates inputs or buffers (calls)"),
+        (MutatesItsInput(), "it mutates its inputs (x)"),
         (ReturnsItsInput(), "output 1 is an input or a view of one"),
         (ReturnsTwoViews(), "output 1 is a view of another output"),
         (Random(), "it draws random numbers"),
@@ -692,3 +688,56 @@ def test_int8_weights_pack_into_an_opaque_layout_that_the_recorded_call_rebuilds
     assert set(_torch_private.PREPACK_OPS) == {"onednn.qlinear_prepack", "onednn.qconv_prepack"}
     with pytest.raises(ValueError, match="not an op this loader rebuilds packed weights with"):
         _torch_private.prepack("aten.add", [weight, weight])
+
+
+# --- State: buffers updated in place (worker/state.py) -------------------------------
+
+
+class Cached(nn.Module):
+    """A static KV cache written as users write one for torch.export: through the
+    rows of the batch (`[:b]`), and, as transformers' StaticCache does, whole; and
+    a step counter."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("rows", torch.zeros(4, 2, 32, 8))
+        self.register_buffer("whole", torch.zeros(4, 2, 32, 8))
+        self.register_buffer("steps", torch.zeros((), dtype=torch.int64))
+
+    def forward(self, x: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        b = x.shape[0]
+        self.rows[:b].index_copy_(2, position, x)
+        self.whole.index_copy_(2, position, x.sum(0, keepdim=True).expand(4, -1, -1, -1))
+        self.steps.add_(1)
+        return self.rows[:b].sum(2) + self.whole[:b].sum(2) + self.steps
+
+
+def test_a_cache_update_compiles_in_place_with_no_copy_of_the_cache() -> None:
+    """The graph `state_written_back` makes: the compiled graph mutates exactly the
+    state's inputs, allocates no temporary of a cache's size (a copy of the cache
+    per call), returns the user's output alone, and leaves eager's state after
+    each call."""
+    from hatch_precompile.worker.state import mutated_buffers
+
+    module, eager = Cached().eval(), Cached().eval()
+    batch, seq = torch.export.Dim("batch", min=1, max=4), torch.export.Dim("seq", min=1, max=32)
+    x, position = torch.randn(2, 2, 5, 8), torch.arange(5)
+    with torch.no_grad():
+        exported = torch_internals.decompose(torch.export.export(module, (x, position), dynamic_shapes=({0: batch, 2: seq}, {0: seq})))
+        artifact = torch_internals.compile_exported(exported, {})
+    assert mutated_buffers(exported) == ["rows", "whole", "steps"]
+    names = [s.target for s in exported.graph_signature.input_specs if s.kind.name != "USER_INPUT"]
+    state_inputs = {names.index(name) for name in ("rows", "whole", "steps")}
+    source, _, refused = torch_internals.output_module(artifact, state_inputs)
+    assert refused == "", refused
+    allocations = re.findall(r"empty_strided_cpu\(\(([^)]*)\)", source)
+    assert not [shape for shape in allocations if shape.replace(" ", "").endswith("2,32,8")], allocations
+    weights = [exported.constants.get(n, exported.state_dict.get(n)).clone() for n in names]
+    calls = [(x, position), (torch.randn(2, 2, 1, 8), torch.tensor([5])), (torch.randn(1, 2, 3, 8), torch.tensor([6, 7, 8]))]
+    with torch.no_grad():
+        for args in calls:
+            outputs = artifact(*weights, *args)
+            assert len(outputs) == 1
+            torch.testing.assert_close(outputs[0], eager(*args), rtol=1e-5, atol=1e-5)
+    for name, tensor in zip(names, weights):
+        torch.testing.assert_close(tensor, dict(eager.named_buffers())[name])

@@ -81,6 +81,13 @@ MODEL_KEYS = {
         "(none)",
         "instead of `inputs`/`kwargs`: returns `(args, kwargs)` of real tensors (nested tuples, lists and dicts allowed)",
     ),
+    "example-steps": KeyDoc(
+        "`\"module:callable\"`",
+        "the example inputs twice more",
+        "for a model with state (buffers its forward updates, such as a KV cache): returns an iterable of `(args, kwargs)` "
+        "calls made after the example inputs (a decoder's next-token steps); the build checks each call's outputs and the "
+        "state after the last against eager (see [Models with state](usage.md#models-with-state-kv-caches-and-generation))",
+    ),
     "dims": KeyDoc("table", "`{}`", "the named dims: dynamic ranges and/or buckets, see below"),
     "weights": KeyDoc(
         "`\"embed\"` \\| `\"factory\"`",
@@ -202,6 +209,7 @@ class ModelConfig:
     args: tuple[TensorInput, ...] = ()
     kwargs: dict[str, TensorInput] = field(default_factory=dict)
     example_inputs: str | None = None
+    example_steps: str | None = None  # "module:callable" giving the (args, kwargs) calls after the example inputs
     dims: dict[str, Dim] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
     outputs: str = "classes"
@@ -216,6 +224,7 @@ class ModelConfig:
             "factory": self.factory,
             "fallback": self.fallback,
             "example_inputs": self.example_inputs,
+            "example_steps": self.example_steps,
             "args": [_input_json(i) for i in self.args],
             "kwargs": {k: _input_json(i) for k, i in self.kwargs.items()},
             "dims": {
@@ -251,6 +260,7 @@ class ModelConfig:
             args=tuple(_input_from_json(i) for i in data["args"]),
             kwargs={k: _input_from_json(i) for k, i in data["kwargs"].items()},
             example_inputs=data["example_inputs"],
+            example_steps=data["example_steps"],
             dims={
                 name: Dim(
                     name,
@@ -407,6 +417,10 @@ def _parse_model(
     elif "inputs" not in raw and "kwargs" not in raw:
         check.fail(path, "declares no inputs; add `inputs = [{ shape = [...], dtype = \"...\" }]` or `example-inputs`")
 
+    example_steps = None
+    if "example-steps" in raw:
+        example_steps = check.string(raw["example-steps"], f"{path}.example-steps", _IMPORT_PATH, "'module:callable'")
+
     args = tuple(
         spec
         for i, item in enumerate(_array(check, raw.get("inputs", []), f"{path}.inputs"))
@@ -447,6 +461,7 @@ def _parse_model(
         args=args,
         kwargs=kwargs,
         example_inputs=example_inputs,
+        example_steps=example_steps,
         dims=dims,
         options=flatten_options(options),
         outputs=outputs or "classes",

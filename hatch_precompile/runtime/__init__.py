@@ -29,6 +29,7 @@ The modules here, one job each:
   _ops.py            import the libraries that define the model's custom ops
   _lean.py           the lean form: run the output module and kernels directly
   _constants.py      an int8 variant's frozen constants, rebuilt (its only form is the lean one)
+  _generate.py       greedy generation from a decoder with a KV cache in its state
   _artifact.py       the artifact form: unpickle through torch._inductor
   _torch_private.py  every use of torch internals
 
@@ -64,6 +65,7 @@ from typing import Any
 from . import _artifact, _lean
 from ._contract import check_inputs, conform_layouts, flatten_call, unflatten
 from ._errors import PrecompiledFallbackWarning, PrecompiledIntegrityError, PrecompiledModelError
+from ._generate import greedy
 from ._manifest import MANIFEST_FORMAT, Choice, Plan, fallback_policy, plan, read_manifest, unavailable
 from ._ops import OpLibraryError, import_op_libraries
 from ._schema import ModelEntry, SourceModel
@@ -75,7 +77,7 @@ __all__ += ["MANIFEST_FORMAT"]  # read by the build, which writes manifests in t
 OUTPUT_FORMS = ("classes", "plain")  # library output classes rebuilt, or dicts and tuples
 
 _lock = threading.Lock()
-_loaded: dict[tuple[str, str], Callable[..., Any]] = {}  # (name, outputs) -> model with the default weights
+_loaded: dict[tuple[str, str], CompiledModel | _EagerModel] = {}  # (name, outputs) -> model with the default weights
 _variants: dict[str, _Variants] = {}  # loaded graphs, shared by every binding of weights
 
 
@@ -99,8 +101,11 @@ def load_compiled(
     configured `outputs`.
 
     Artifacts load once per process, and concurrent first calls wait for that one
-    load; the default-weights model is reused too. Damaged files always raise
-    `PrecompiledIntegrityError`, whatever the policy.
+    load; the default-weights model is reused too. A model with state (buffers
+    its forward updates, such as a KV cache) is the exception: each call returns
+    a new handle, on the same loaded graphs and weights, with a state of its own
+    as the build left it (`reset()` returns a handle's state there). Damaged
+    files always raise `PrecompiledIntegrityError`, whatever the policy.
     """
     if state_dict is not None and module is not None:
         raise ValueError(f"model {name!r}: pass state_dict= or module=, not both")
@@ -112,7 +117,7 @@ def load_compiled(
         if model is not None:
             if isinstance(model, _EagerModel) and fallback_policy(fallback, model.config) == "error":
                 raise PrecompiledModelError(unavailable(name, model.reason))
-            return model
+            return model.with_own_state() if model.has_state else model
         how = plan(name)
         if how.entry is not None and how.choices and name not in _variants:
             try:
@@ -133,7 +138,7 @@ def load_compiled(
             model = _fall_back(name, how, state_dict, module)
         if default_weights:
             _loaded[(name, outputs or "")] = model
-        return model
+        return model.with_own_state() if model.has_state else model
 
 
 def _int8_weights(name: str, model: ModelEntry, state_dict: dict[str, Any] | None, module: Any) -> list[Any] | None:
@@ -202,19 +207,55 @@ class _Variants:
 
 
 class CompiledModel:
-    """Compiled graphs with weights bound: call it like the module's forward."""
+    """Compiled graphs with weights bound: call it like the module's forward.
+
+    A model with state (`state`: the buffers its graphs update in place, such as
+    a KV cache) holds its own copy of them, which every call reads and updates
+    as the module's forward does its buffers; the weights are shared."""
 
     def __init__(self, name: str, model: ModelEntry, variants: _Variants, weights: list[Any], classes: bool) -> None:
         import torch
 
-        self.name = name
+        self.name, self._model = name, model
         self._inputs, self._outputs = model["inputs"], model["outputs"]
         keywords = set(model["inputs"]["tree"]["children"][1].get("keys", []))
         self._keyword_constants = {
             leaf["name"]: leaf["value"] for leaf in model["inputs"]["leaves"] if "value" in leaf and leaf["name"] in keywords
         }
-        self._variants, self._weights, self._classes = variants, weights, classes
+        self._variants, self._classes = variants, classes
         self._no_grad = torch.no_grad
+        order = model["weights"]["order"]
+        self._state_at = {state: order.index(state) for state in model["state"]}
+        self._initial = weights  # shared by every handle; the state's values before any call
+        self._weights = [w.clone() if index in self._state_at.values() else w for index, w in enumerate(weights)]
+
+    @property
+    def has_state(self) -> bool:
+        return bool(self._state_at)
+
+    @property
+    def state(self) -> dict[str, Any]:
+        """This handle's state by buffer name: the tensors its calls update in place."""
+        return {state: self._weights[index] for state, index in self._state_at.items()}
+
+    def reset(self) -> None:
+        """Put the state back as the build left it (a KV cache's zeros): start a new sequence."""
+        for index in self._state_at.values():
+            self._weights[index].copy_(self._initial[index])
+
+    def with_own_state(self) -> CompiledModel:
+        """A handle on the same graphs and weights with a state of its own, as the build left it."""
+        return CompiledModel(self.name, self._model, self._variants, self._initial, self._classes)
+
+    def generate(self, input_ids: Any, max_new_tokens: int, *, stop_token: int | None = None) -> Any:
+        """Greedy generation from a decoder that keeps its KV cache in its state and
+        is called `model(input_ids, cache_position)` (positionally or by keyword)
+        for the prompt and each next token: resets the state, then returns the
+        new tokens, (batch, n) (`_generate.greedy`)."""
+        self.reset()
+        by_keyword = {"input_ids", "cache_position"} <= set(self._inputs["tree"]["children"][1].get("keys", []))
+        call = (lambda ids, positions: self(input_ids=ids, cache_position=positions)) if by_keyword else self
+        return greedy(call, input_ids, max_new_tokens, stop_token)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         flat_inputs, sizes = self._checked(args, kwargs)
@@ -257,14 +298,46 @@ def _fall_back(name: str, how: Plan, state_dict: dict[str, Any] | None, module: 
         elif how.entry is not None and "file" in how.entry["weights"]:
             own = module.state_dict()
             module.load_state_dict({k: v for k, v in read_weights(how.entry["weights"]).items() if k in own}, strict=False)
-    return _EagerModel(module.eval(), how.model, how.reason)
+    state = how.entry["state"] if how.entry is not None else []
+    return _EagerModel(module.eval(), how.model, how.reason, state)
 
 
 class _EagerModel:
-    """The module built by its factory, called without autograd like the compiled one."""
+    """The module built by its factory, called without autograd like the compiled
+    one; with state, as the compiled one: per handle, and `reset()`."""
 
-    def __init__(self, module: Any, config: SourceModel, reason: str) -> None:
+    def __init__(self, module: Any, config: SourceModel, reason: str, state: list[str]) -> None:
         self.module, self.config, self.reason = module, config, reason
+        buffers = dict(module.named_buffers())
+        self._initial = {name: buffers[name].clone() for name in state}
+
+    @property
+    def has_state(self) -> bool:
+        return bool(self._initial)
+
+    @property
+    def state(self) -> dict[str, Any]:
+        buffers = dict(self.module.named_buffers())
+        return {name: buffers[name] for name in self._initial}
+
+    def reset(self) -> None:
+        for name, tensor in self.state.items():
+            tensor.copy_(self._initial[name])
+
+    def with_own_state(self) -> _EagerModel:
+        """A copy of the module that shares its parameters and owns its buffers, reset."""
+        import copy
+
+        shared = {id(parameter): parameter for parameter in self.module.parameters()}
+        handle = _EagerModel(copy.deepcopy(self.module, memo=shared), self.config, self.reason, [])
+        handle._initial = self._initial
+        handle.reset()
+        return handle
+
+    def generate(self, input_ids: Any, max_new_tokens: int, *, stop_token: int | None = None) -> Any:
+        """As `CompiledModel.generate`, calling the module by keyword."""
+        self.reset()
+        return greedy(lambda ids, positions: self(input_ids=ids, cache_position=positions), input_ids, max_new_tokens, stop_token)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         import torch

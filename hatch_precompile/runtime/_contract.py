@@ -80,7 +80,24 @@ def check_inputs(name: str, specs: list[InputLeaf], dims: dict[str, DimRecord], 
             first = sizes.setdefault(want, (got, spec["name"]))
             if first[0] != got:
                 raise ValueError(f"{where}: dim {want!r} is {got} here but {first[0]} in input {first[1]}")
+        if "below" in spec and value.numel():
+            _check_index_values(where, value, spec["below"])
     return {dim: size for dim, (size, _) in sizes.items()}
+
+
+def _check_index_values(where: str, value: Any, below: int) -> None:
+    """The graph indexes a size with this input's values (a token id into an
+    embedding table, a position into a KV cache): compiled code checks the
+    index inside a parallel loop, where a failed check ends the process, so the
+    values are checked here (`worker/index_bounds.py`)."""
+    import torch
+
+    low, high = (int(v) for v in torch.aminmax(value))
+    if low < 0 or high >= below:
+        raise IndexError(
+            f"{where}: holds {low}..{high}, but the model indexes a size of {below} with it, so its values must be in "
+            f"[0, {below - 1}] (a position past the cache's length, a token id past the vocabulary?)"
+        )
 
 
 def conform_layouts(specs: list[InputLeaf], values: list[Any]) -> list[Any]:
@@ -140,3 +157,4 @@ def import_object(spec: str) -> Any:
     for part in attribute.split("."):
         target = getattr(target, part)
     return target
+

@@ -22,7 +22,7 @@ from ._schema import ArtifactEntry, BuiltWith, Manifest, ModelEntry, NativeNeeds
 
 HERE = Path(__file__).resolve().parent
 MANIFEST = HERE / MANIFEST_FILE
-MANIFEST_FORMAT = 6  # 4: weights carry per-chunk checksums of row sums; 5: kernels are stable-ABI extensions; 6: int8 variants
+MANIFEST_FORMAT = 7  # 4: weights carry per-chunk checksums of row sums; 5: kernels are stable-ABI extensions; 6: int8 variants; 7: state
 CONFIG_TABLE = ("tool", "hatch", "build", "hooks", "precompile")  # where pyproject.toml declares the models
 
 CPU_TARGET_VARIABLE = "HATCH_PRECOMPILE_CPU_TARGET"  # force one CPU target (if the CPU can run it)

@@ -31,6 +31,7 @@ class InputLeaf(TypedDict):
     device: NotRequired[str]
     shape: NotRequired[list[int | str]]  # sizes, or the names of declared dims
     layout: NotRequired[str]  # "contiguous" or "channels_last"
+    below: NotRequired[int]  # an integer input the graph indexes a size with (token ids, cache positions): values in [0, below)
 
 
 class OutputLeaf(TypedDict):
@@ -193,6 +194,7 @@ class ModelEntry(SourceModel):
 
     outputs_form: str  # "classes" or "plain"
     quantize: str | None  # "int8": the graphs take no weights (they are frozen in); `weights` is for the eager fallback
+    state: list[str]  # the buffers the graphs update in place (a KV cache), among `weights`: each handle has its own
     inputs: CallInputs
     outputs: CallOutputs
     dims: dict[str, DimRecord]

@@ -27,13 +27,16 @@ Every artifact's figures go into the manifest and the build's progress lines.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..build.config import AccuracyBounds, ModelConfig
 from ..build.errors import ModelBuildError
 from ..runtime._schema import AccuracyRecord, OutputAccuracy
+
+if TYPE_CHECKING:
+    from .capture import Captured
 
 ELEMENTWISE = {"rtol": 1e-4, "atol": 1e-5}  # float32 against eager
 
@@ -81,7 +84,7 @@ def figures(compiled: torch.Tensor, reference: torch.Tensor) -> dict[str, float]
 
 
 def check_accuracy(
-    model: ModelConfig, compiled: list[Any], eager: list[Any], reference: list[Any] | None
+    model: ModelConfig, compiled: list[Any], eager: list[Any], reference: list[Any] | None, where: str = "on the example inputs"
 ) -> AccuracyRecord:
     """Check a compiled artifact's outputs (see the module docstring); returns the
     manifest's record of them, or raises ModelBuildError saying which output
@@ -89,14 +92,14 @@ def check_accuracy(
     outputs for a model of lower precision, else None (eager is the reference)."""
     name, step = model.name, "checking against eager"
     if len(compiled) != len(eager):
-        raise ModelBuildError(name, step, f"{len(compiled)} compiled outputs, {len(eager)} eager ones")
+        raise ModelBuildError(name, step, f"{len(compiled)} compiled outputs, {len(eager)} eager ones {where}")
     against = "float32 eager" if reference is not None else "eager"
     bounds = bounds_for(model)
     records: list[OutputAccuracy] = []
     for index, (c, e, r) in enumerate(zip(compiled, eager, reference or eager)):
         if not c.is_floating_point():
             if not torch.equal(c, e):
-                raise ModelBuildError(name, step, f"output {index} ({c.dtype}) differs from eager's, which it must equal")
+                raise ModelBuildError(name, step, f"output {index} ({c.dtype}) differs from eager's {where}, which it must equal")
             records.append({"equal": True})
             continue
         if reference is None and not torch.allclose(c, e, **ELEMENTWISE, equal_nan=True):
@@ -105,16 +108,16 @@ def check_accuracy(
                 name,
                 step,
                 f"output {index} differs from the eager module by up to {worst:.3g} "
-                f"(tolerance rtol={ELEMENTWISE['rtol']}, atol={ELEMENTWISE['atol']}) on the example inputs",
+                f"(tolerance rtol={ELEMENTWISE['rtol']}, atol={ELEMENTWISE['atol']}) {where}",
             )
         measured = figures(c, r)
         if bounds is not None:
-            _check_bounds(model, index, measured, bounds, against)
+            _check_bounds(model, index, measured, bounds, against, where)
         records.append({"relative_error": float(f"{measured['relative_error']:.3g}"), "cosine": float(f"{measured['cosine']:.6g}")})
     return {"against": against, "outputs": records}
 
 
-def _check_bounds(model: ModelConfig, index: int, measured: dict[str, float], bounds: AccuracyBounds, against: str) -> None:
+def _check_bounds(model: ModelConfig, index: int, measured: dict[str, float], bounds: AccuracyBounds, against: str, where: str) -> None:
     missed = []
     error, cosine = measured["relative_error"], measured["cosine"]
     if bounds.max_relative_error is not None and not error <= bounds.max_relative_error:  # NaN misses too
@@ -125,10 +128,29 @@ def _check_bounds(model: ModelConfig, index: int, measured: dict[str, float], bo
         raise ModelBuildError(
             model.name,
             "checking accuracy",
-            f"output {index} against {against} on the example inputs: {'; '.join(missed)}. If this precision "
+            f"output {index} against {against} {where}: {'; '.join(missed)}. If this precision "
             "is acceptable for the model, loosen `accuracy` in its table; otherwise build it in float32"
             + (", or calibrate it on batches like its real inputs (`calibration`)" if model.quantize else ""),
         )
+
+
+def check_steps(model: ModelConfig, captured: Captured, steps: list[list[Any]], state: list[torch.Tensor]) -> None:
+    """A model with state: each call after the example inputs, and the state after
+    the last, against eager's from the same initial state. A lower-precision model
+    is held to its bounds against eager in its own dtype here, since the float32
+    module's state would differ from its own."""
+    eager_calls, eager_state = captured.eager_run
+    by_figures = bounds_for(model) is not None  # else element by element
+    for index, (compiled, eager) in enumerate(zip(steps, eager_calls[1:]), start=1):
+        where = f"on call {index + 1} of the build's check (after the example inputs)"
+        check_accuracy(model, compiled, eager, eager if by_figures else None, where)
+    where = f"after the {len(captured.calls)} calls of the build's check"
+    for name, compiled_state, eager_value in zip(captured.state, state, eager_state):
+        try:
+            check_accuracy(model, [compiled_state], [eager_value], [eager_value] if by_figures else None, where)
+        except ModelBuildError as error:
+            message = error.message.replace("output 0", f"the state {name!r}", 1)
+            raise ModelBuildError(model.name, "checking the state against eager", message) from None
 
 
 def summary(record: AccuracyRecord) -> str:

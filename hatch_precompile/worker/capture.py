@@ -22,6 +22,8 @@ import torch
 from ..build.config import TABLE, Dim, ModelConfig, TensorInput
 from ..build.errors import ModelBuildError
 from ..runtime._schema import InputLeaf, TreeSpec
+from .index_bounds import index_bounds
+from .state import mutated_buffers
 from .torch_internals import DimFix, constraint_fixes, decompose, tree_leaves, tree_map, treespec_to_json
 
 
@@ -37,13 +39,39 @@ class Captured:
     # `quantize` models only: the export before inductor's decompositions, which
     # PT2E quantizes (its quantizer annotates aten.linear and convolutions, which they rewrite)
     undecomposed: torch.export.ExportedProgram | None = None
+    strict_because: str = ""  # why the capture is torch.export's strict one (the non-strict one failed), or ""
+    # A model with state (buffers its forward updates): their names, their values
+    # before any call, and the calls after the example inputs that the build checks
+    # the compiled graph on, from that state, against eager.
+    state: list[str] = dataclasses.field(default_factory=list)
+    initial_state: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+    steps: list[tuple[tuple, dict[str, Any]]] = dataclasses.field(default_factory=list)
+
+    @property
+    def calls(self) -> list[tuple[tuple, dict[str, Any]]]:
+        """Every call the build checks, in order: the example inputs, then the steps."""
+        return [(self.args, self.kwargs), *self.steps]
 
     @functools.cached_property
+    def eager_run(self) -> tuple[list[list[Any]], list[torch.Tensor]]:
+        """The module's flat outputs for each call, and its state after the last,
+        from the initial state (on a copy, so the module itself keeps it)."""
+        module = self.module
+        if self.state:
+            module = copy.deepcopy(module)
+            buffers = dict(module.named_buffers())
+            for name in self.state:
+                buffers[name].copy_(self.initial_state[name])
+        with torch.no_grad():
+            outputs = [tree_leaves(module(*args, **kwargs)) for args, kwargs in self.calls]
+        buffers = dict(module.named_buffers())
+        return outputs, [buffers[name] for name in self.state]
+
+    @property
     def eager_outputs(self) -> list[Any]:
         """The module's flat outputs on the example inputs, computed once and checked
         against every CPU target's artifact."""
-        with torch.no_grad():
-            return tree_leaves(self.module(*self.args, **self.kwargs))
+        return self.eager_run[0][0]
 
     @functools.cached_property
     def reference_outputs(self) -> list[Any] | None:
@@ -55,8 +83,9 @@ class Captured:
         from .accuracy import reference_inputs
 
         args, kwargs = reference_inputs(self.args, self.kwargs)
+        reference = copy.deepcopy(self.reference) if self.state else self.reference  # its state stays as it was
         with torch.no_grad():
-            return tree_leaves(self.reference(*args, **kwargs))
+            return tree_leaves(reference(*args, **kwargs))
 
 
 def import_object(model: str, key: str, spec: str) -> Any:
@@ -118,10 +147,48 @@ def capture(model: ModelConfig, module: torch.nn.Module, fixed: dict[str, int], 
     those in `fixed` are static at the given size. A model torch cannot capture
     stops the build with the reason in the configuration's terms."""
     try:
-        return dataclasses.replace(_export(model, module, fixed), reference=reference)
+        captured = dataclasses.replace(_export(model, module, fixed), reference=reference)
     except _ExportFailed as failed:
+        if failed.step == "decomposition":
+            raise ModelBuildError(model.name, "decomposing the captured graph", _decomposition_failure(failed)) from None
         message = _capture_failure(model, module, fixed, failed)
         raise ModelBuildError(model.name, "capturing with torch.export", message) from None
+    state = mutated_buffers(captured.exported)
+    if not state:
+        return captured
+    buffers = dict(module.named_buffers())
+    initial = {name: buffers[name].detach().clone() for name in state}
+    return dataclasses.replace(captured, state=state, initial_state=initial, steps=_example_steps(model, captured))
+
+
+def _example_steps(model: ModelConfig, captured: Captured) -> list[tuple[tuple, dict[str, Any]]]:
+    """The calls after the example inputs that a model with state is checked on:
+    `example-steps`' calls, else the example inputs twice more."""
+    if model.example_steps is None:
+        return [(captured.args, captured.kwargs)] * 2
+    key = "example-steps"
+    make = import_object(model.name, key, model.example_steps)
+    try:
+        steps = list(make())
+    except Exception:
+        raise ModelBuildError(model.name, f"calling {key} {model.example_steps!r}", traceback.format_exc()) from None
+    for index, step in enumerate(steps):
+        if not (isinstance(step, tuple) and len(step) == 2 and isinstance(step[0], (tuple, list)) and isinstance(step[1], dict)):
+            raise ModelBuildError(
+                model.name,
+                f"calling {key} {model.example_steps!r}",
+                f"expected an iterable of (args, kwargs) calls, each a tuple of a tuple and a dict; call {index} is a {type(step).__name__}",
+            )
+    return [tree_map(_in_call_layout, (tuple(args), dict(kwargs))) for args, kwargs in steps]
+
+
+def _decomposition_failure(failed: _ExportFailed) -> str:
+    return (
+        "torch.export captured the model, but decomposing its graph for inductor failed inside torch, and so did "
+        "torch.export's strict capture (dynamo) of the same module, which the build tried next; this is torch's "
+        f"limitation, not the declared dims'\n\ntorch's message (non-strict capture):\n{_torch_error(failed.error)}"
+        + (f"\n\ntorch's message (strict capture):\n{_torch_error(failed.strict_error)}" if failed.strict_error else "")
+    )
 
 
 class _ExportFailed(Exception):
@@ -131,6 +198,8 @@ class _ExportFailed(Exception):
         super().__init__(str(error))
         self.error, self.dynamic_shapes, self.example_sizes = error, dynamic_shapes, example_sizes
         self.example_args, self.example_kwargs = args, kwargs
+        self.step = "capture"  # or "decomposition": torch.export captured it, decomposing failed
+        self.strict_error: BaseException | None = None  # the strict capture's, tried after a failed decomposition
 
 
 def _export(model: ModelConfig, module: torch.nn.Module, fixed: dict[str, int]) -> Captured:
@@ -163,22 +232,45 @@ def _export(model: ModelConfig, module: torch.nn.Module, fixed: dict[str, int]) 
     except TypeError as error:
         raise ModelBuildError(name, "matching inputs to forward()", f"the declared inputs do not fit forward(): {error}") from None
     dynamic_shapes = dict(bound.arguments) or None
+    sizes = {
+        dim: value.shape[axis]
+        for value, axes in [*zip(args, arg_dims), *((kwargs[k], a) for k, a in kwarg_dims.items())]
+        for axis, dim in axes.items()
+    }
+    strict_because = ""
     try:
         with torch.no_grad():
             undecomposed = torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes)
+    except Exception as error:
+        raise _ExportFailed(error, dynamic_shapes, args, kwargs, sizes) from None
+    try:
+        with torch.no_grad():
             exported = decompose(undecomposed)
     except Exception as error:
-        sizes = {
-            dim: value.shape[axis]
-            for value, axes in [*zip(args, arg_dims), *((kwargs[k], a) for k, a in kwarg_dims.items())]
-            for axis, dim in axes.items()
-        }
-        raise _ExportFailed(error, dynamic_shapes, args, kwargs, sizes) from None
+        # Some graphs (transformers' static-cache decoders on torch 2.13) decompose
+        # only from the strict capture, which is also what their own export uses.
+        failed = _ExportFailed(error, dynamic_shapes, args, kwargs, sizes)
+        failed.step = "decomposition"
+        try:
+            with torch.no_grad():
+                undecomposed = torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes, strict=True)
+                exported = decompose(undecomposed)
+        except Exception as strict_error:
+            failed.strict_error = strict_error
+            raise failed from None
+        strict_because = f"the non-strict capture failed to decompose ({_torch_error(error).splitlines()[0][:200]})"
 
     input_tree = treespec_to_json(exported.call_spec.in_spec)
     positional = [p.name for p in signature.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     leaves = _describe_inputs(input_tree, args, kwargs, positional, arg_dims, kwarg_dims)
-    return Captured(module, exported, args, kwargs, input_tree, leaves, undecomposed=undecomposed if model.quantize else None)
+    placeholders = {node.name: node for node in exported.graph_module.graph.nodes if node.op == "placeholder"}
+    user_inputs = [s.arg.name for s in exported.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+    bounds = index_bounds(exported.graph_module.graph, [placeholders[name] for name in user_inputs if name in placeholders])
+    for leaf, name in zip(leaves, user_inputs):
+        if name in bounds:
+            leaf["below"] = bounds[name]
+    undecomposed_kept = undecomposed if model.quantize else None
+    return Captured(module, exported, args, kwargs, input_tree, leaves, undecomposed=undecomposed_kept, strict_because=strict_because)
 
 
 def _describe_inputs(

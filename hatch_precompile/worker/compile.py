@@ -13,7 +13,9 @@ its lean module, and its constants in place of the artifact (`constants.py`).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +33,7 @@ from ..runtime._layout import KERNELS_DIR, artifact_file, constants_file, kernel
 from ..runtime._lean import make_runner
 from ..runtime._schema import ArtifactEntry, LeanRecord, ModelEntry, OutputLeaf, WeightsEntry
 from . import torch_internals
-from .accuracy import check_accuracy
+from .accuracy import check_accuracy, check_steps
 from .capture import Captured, _torch_error
 from .constants import ConstantsRefused, save_constants
 from .key import artifact_key, build_environment
@@ -40,6 +42,7 @@ from .quantize import check_int8_kernels, int8_inductor_config
 from .weights import lifted_weights
 
 CHECK_DIR = "lean-check"  # scratch: inputs and expected outputs for the fresh-process check
+Runner = Callable[[list[Any]], Any]  # a compiled graph: its flat inputs -> its flat outputs
 
 def model_entry(
     model: ModelConfig, captured: Captured, weights: WeightsEntry, op_libraries: dict[str, str], artifacts: list[ArtifactEntry]
@@ -52,6 +55,7 @@ def model_entry(
         "fallback": model.fallback,
         "outputs_form": model.outputs,
         "quantize": model.quantize,
+        "state": captured.state,
         "inputs": {"tree": captured.input_tree, "leaves": captured.input_leaves},
         "outputs": {
             "tree": torch_internals.treespec_to_json(exported.call_spec.out_spec),
@@ -110,30 +114,68 @@ def produce_artifact(
         entry, origin = sources.fetch(key, file, out_dir, build_environment())
     except PartMismatch as mismatch:
         raise ModelBuildError(name, f"taking {file} from a part", str(mismatch)) from None
-    weights = [] if quantized is not None else list(lifted_weights(captured).values())  # an int8 graph has its weights frozen in
-    flat = [*weights, *torch_internals.tree_leaves((captured.args, captured.kwargs))]
+    initial = _initial_weights(captured, quantized)
+    state_inputs = _state_inputs(captured)
+    weights = [w.clone() if index in state_inputs else w for index, w in enumerate(initial)]  # each call updates the state
+    calls = [torch_internals.tree_leaves(call) for call in captured.calls]
+    flat = [*weights, *calls[0]]
     if entry is None and quantized is not None:
-        entry, outputs = _compile_frozen(model, captured, fixed, target, out_dir, file, flat, copy.deepcopy(quantized))
+        entry, outputs, run = _compile_frozen(model, captured, fixed, target, out_dir, file, flat, copy.deepcopy(quantized))
         origin = "compiled"
     elif entry is None:
-        entry, outputs, output_module = _compile(model, captured, fixed, target, out_dir, file, flat)
+        entry, outputs, run, output_module = _compile(model, captured, fixed, target, out_dir, file, flat)
         origin = "compiled"
         entry["lean"] = _static_lean_record(model, captured, output_module, entry, out_dir)
     elif not set(entry["cpu_features"]) <= {f for f, present in torch.cpu.get_capabilities().items() if present is True}:
         return ProducedArtifact(entry, key, origin, None, checked_here=False)
     else:
-        outputs = _run_saved(out_dir, entry, flat)
+        run = _saved_runner(out_dir, entry)
+        with torch.no_grad():
+            outputs = list(run(flat))
     entry["accuracy"] = check_accuracy(model, outputs, captured.eager_outputs, captured.reference_outputs)
-    candidate = _lean_candidate(entry, flat, outputs, out_dir)
-    return ProducedArtifact(entry, key, origin, candidate, checked_here=True)
+    steps = []
+    for call in calls[1:]:
+        with torch.no_grad():
+            steps.append(list(run([*weights, *call])))
+    state = [weights[index] for index in sorted(state_inputs)]
+    check_steps(model, captured, steps, state)
+    sequence = _CheckedSequence(initial, calls, [outputs, *steps], sorted(state_inputs), state)
+    return ProducedArtifact(entry, key, origin, _lean_candidate(entry, sequence, out_dir), checked_here=True)
+
+
+@dataclass
+class _CheckedSequence:
+    """What a lean module is checked against, in a fresh process: the artifact's
+    outputs for each call from the initial weights and state, and the state after."""
+
+    initial: list[torch.Tensor]  # the graph's weights, the state as it is before any call
+    calls: list[list[Any]]  # each call's flat user inputs
+    outputs: list[list[Any]]  # the artifact's flat outputs for each
+    state_inputs: list[int]  # where the state is among the weights
+    state: list[torch.Tensor]  # the state after the last call
+
+
+def _state_inputs(captured: Captured) -> set[int]:
+    """The positions of the model's state among the graph's inputs (weights first)."""
+    names = list(lifted_weights(captured)) if captured.state else []
+    return {names.index(name) for name in captured.state}
+
+
+def _initial_weights(captured: Captured, quantized: torch.fx.GraphModule | None) -> list[torch.Tensor]:
+    """The tensors the graph takes before the user inputs, with the state as it
+    was before any call; an int8 graph has its weights frozen in and takes none."""
+    if quantized is not None:
+        return []
+    return [captured.initial_state.get(name, tensor) for name, tensor in lifted_weights(captured).items()]
 
 
 def _compile(
     model: ModelConfig, captured: Captured, fixed: dict[str, int], target: CpuTarget, out_dir: Path, file: str, flat: list[Any]
-) -> tuple[ArtifactEntry, list[Any], tuple[str, list[int], str]]:
+) -> tuple[ArtifactEntry, list[Any], Runner, tuple[str, list[int], str]]:
     """Compile, write the artifact and its kernels into `out_dir`; returns its
-    manifest entry (less the lean record), its outputs on `flat`, and its output
-    module (`torch_internals.output_module`)."""
+    manifest entry (less the lean record), its outputs on `flat`, a function
+    that runs it on other flat inputs, and its output module
+    (`torch_internals.output_module`)."""
     config, isa, isa_flags = _target_config(model, target)
     with torch_internals.captured_kernels() as built:
         try:
@@ -145,7 +187,7 @@ def _compile(
         kernel_files = {key: path() for key, path in built.items()}
     entry = _variant_entry(model, file, fixed, target, isa, isa_flags, kernel_files, out_dir)
     torch_internals.save_artifact(artifact, str(out_dir / file))
-    return entry, outputs, torch_internals.output_module(artifact)
+    return entry, outputs, lambda inputs: artifact(*inputs), torch_internals.output_module(artifact, _state_inputs(captured))
 
 
 def _compile_frozen(
@@ -157,7 +199,7 @@ def _compile_frozen(
     file: str,
     flat: list[Any],
     quantized: torch.fx.GraphModule,
-) -> tuple[ArtifactEntry, list[Any]]:
+) -> tuple[ArtifactEntry, list[Any], Runner]:
     """Compile an int8 model's converted module with its weights frozen in; write
     its constants (as `file`), lean module and kernels into `out_dir`. It has no
     artifact and no other form, so a lean module that cannot be written stops the build."""
@@ -190,7 +232,7 @@ def _compile_frozen(
     module_path = out_dir / module_name
     module_path.write_text(lean.text, encoding="utf-8")
     entry["lean"] = {"file": module_path.name, "extern_kernels": lean.extern_kernels, "inputs_to_check": frozen.inputs_to_check}
-    return entry, list(outputs)
+    return entry, list(outputs), lambda inputs: frozen.run(*inputs)
 
 
 def _compiling(target: CpuTarget) -> str:
@@ -254,23 +296,21 @@ def _variant_entry(
     }
 
 
-def _run_saved(out_dir: Path, entry: ArtifactEntry, flat: list[Any]) -> list[Any]:
+def _saved_runner(out_dir: Path, entry: ArtifactEntry) -> Runner:
     """Load a saved artifact as the loader's artifact form does (its kernels from
-    the files beside it, never a compiler) and run it on `flat`; an int8
-    variant, which has no artifact, in its lean form."""
+    the files beside it, never a compiler); an int8 variant, which has no
+    artifact, in its lean form. Returns a function of the flat inputs."""
     kernels = {key: out_dir / KERNELS_DIR / kernel_file(key) for key in entry["kernels"]}
     if "constants" in entry:
         lean, path = entry["lean"], out_dir / entry["file"]
         constants = rebuild_constants(path.read_bytes(), path, entry["constants"])
         module = out_dir / lean["file"]
-        run = make_runner(module.read_text(encoding="utf-8"), str(module), kernels, lean["extern_kernels"], lean["inputs_to_check"], constants)
-        with torch.no_grad():
-            return list(run(list(flat)))
+        lean_run = make_runner(module.read_text(encoding="utf-8"), str(module), kernels, lean["extern_kernels"], lean["inputs_to_check"], constants)
+        return lambda inputs: lean_run(list(inputs))
     _, payload = _torch_private.split_artifact((out_dir / entry["file"]).read_bytes())
     with _torch_private.shipped_kernels(kernels):
         artifact = _torch_private.deserialize_artifact(payload)
-    with torch.no_grad():
-        return list(artifact(*flat))
+    return lambda inputs: artifact(*inputs)
 
 
 def _static_lean_record(
@@ -292,15 +332,15 @@ def _static_lean_record(
     return {"file": module_path.name, "extern_kernels": lean.extern_kernels, "inputs_to_check": inputs_to_check}
 
 
-def _lean_candidate(entry: ArtifactEntry, flat: list[Any], artifact_outputs: list[Any], out_dir: Path) -> LeanCandidate | None:
-    """The lean module, with what to check it against (the artifact's outputs, which
-    passed the accuracy check), where the entry has one."""
+def _lean_candidate(entry: ArtifactEntry, sequence: _CheckedSequence, out_dir: Path) -> LeanCandidate | None:
+    """The lean module, with what to check it against (the artifact's outputs and
+    state, which passed the accuracy check), where the entry has one."""
     if "file" not in entry["lean"]:
         return None
     module_path = out_dir / entry["lean"]["file"]
     data_path = out_dir / CHECK_DIR / f"{module_path.stem}.pt"
     data_path.parent.mkdir(exist_ok=True)
-    torch.save({"flat": flat, "artifact": list(artifact_outputs)}, data_path)
+    torch.save(dataclasses.asdict(sequence), data_path)
     return LeanCandidate(entry, module_path, data_path)
 
 
@@ -316,8 +356,9 @@ def _output_leaves(exported: torch.export.ExportedProgram, captured: Captured) -
         if isinstance(want, str)
     }
     output_node = next(iter(reversed(exported.graph_module.graph.nodes)))
+    kinds = [spec.kind.name for spec in exported.graph_signature.output_specs]
     leaves: list[OutputLeaf] = []
-    for node in output_node.args[0]:
+    for node in [n for n, kind in zip(output_node.args[0], kinds) if kind == "USER_OUTPUT"]:  # not the state's new values
         value = node.meta["val"]
         shape: list[int | str] = [s if isinstance(s, int) else dim_of_symbol.get(str(s), str(s)) for s in value.shape]
         leaves.append({"dtype": str(value.dtype).removeprefix("torch."), "shape": shape})

@@ -206,7 +206,7 @@ class LeanCandidate:
 
     artifact: ArtifactEntry  # its manifest entry, completed by `check_in_fresh_process`
     module_path: Path
-    data_path: Path  # torch.save of {"flat": [...], "artifact": [...]}: inputs and the artifact's outputs
+    data_path: Path  # torch.save of compile._CheckedSequence: the calls, the artifact's outputs and state
 
 
 def check_in_fresh_process(candidates: list[LeanCandidate], scratch: Path, op_libraries: dict[str, str]) -> dict[str, str]:

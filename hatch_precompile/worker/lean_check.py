@@ -3,8 +3,9 @@
 A fresh interpreter, so that nothing the compile left in the process (inductor's
 modules, its kernel cache, patched functions) can make a module pass here that
 would fail in a user's process. Each module runs through the loader's own code
-(`runtime/_lean.py`) on the example inputs; its outputs must equal the
-artifact's bit for bit (the artifact's passed the accuracy check), and afterwards
+(`runtime/_lean.py`) on the example inputs (a model with state: on each call
+of the build's check, from the initial state); its outputs, and its state
+after the last call, must equal the artifact's bit for bit (the artifact's passed the accuracy check), and afterwards
 neither torch._inductor nor torch._dynamo may have been imported (except by the
 modules defining custom ops the graph calls, which the loader imports too).
 
@@ -34,15 +35,25 @@ def check(module: dict[str, Any]) -> str:
         constants = rebuild_constants(constants_path.read_bytes(), constants_path, module["constants"]["specs"])
     source = path.read_text(encoding="utf-8")
     run = make_runner(source, str(path), kernels, module["extern_kernels"], module["inputs_to_check"], constants)
-    data = torch.load(module["data"], weights_only=True)
-    with torch.no_grad():
-        outputs = list(run(list(data["flat"])))
-    if len(outputs) != len(data["artifact"]):
-        return f"it returned {len(outputs)} outputs, the artifact {len(data['artifact'])}"
-    for index, (lean, artifact) in enumerate(zip(outputs, data["artifact"])):
-        if not torch.equal(lean, artifact):
-            return f"output {index} differs from the artifact's by up to {(lean.float() - artifact.float()).abs().max().item():.3g}"
+    data = torch.load(module["data"], weights_only=True)  # compile._CheckedSequence
+    weights = data["initial"]  # the state in it is updated in place by each call, as the loader's is
+    for call, (inputs, expected) in enumerate(zip(data["calls"], data["outputs"]), start=1):
+        with torch.no_grad():
+            outputs = list(run([*weights, *inputs]))
+        on_call = f" on call {call}" if len(data["calls"]) > 1 else ""
+        if len(outputs) != len(expected):
+            return f"it returned {len(outputs)} outputs{on_call}, the artifact {len(expected)}"
+        for index, (lean, artifact) in enumerate(zip(outputs, expected)):
+            if not torch.equal(lean, artifact):
+                return f"output {index}{on_call} differs from the artifact's by up to {_worst(lean, artifact):.3g}"
+    for index, artifact in zip(data["state_inputs"], data["state"]):
+        if not torch.equal(weights[index], artifact):
+            return f"its state (input {index}) differs from the artifact's after {len(data['calls'])} calls by up to {_worst(weights[index], artifact):.3g}"
     return ""
+
+
+def _worst(lean: Any, artifact: Any) -> float:
+    return float((lean.float() - artifact.float()).abs().max().item())
 
 
 def check_all(modules: list[dict[str, Any]]) -> dict[str, str]:

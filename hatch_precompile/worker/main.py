@@ -107,6 +107,13 @@ def _compile(request: WorkerRequest) -> _Compiled:
         shape = ", ".join(f"{dim}={size}" for dim, size in fixed.items()) or "dynamic dims"
         with _step(model.name, f"captured with torch.export ({shape})"):
             captured = capture(model, module, fixed, reference)
+        if captured.strict_because:
+            _report(model.name, f"captured strictly (torch.export's strict=True, through dynamo): {captured.strict_because}")
+        if captured.state:
+            _report(model.name, f"state updated in place: {', '.join(captured.state)}; checked on {len(captured.calls)} calls")
+        if captured.state and model.quantize:
+            frozen = "int8 graphs are compiled with their buffers frozen in; build it in float32 or bfloat16"
+            raise ModelBuildError(model.name, "quantizing to int8", f"the model updates buffers ({', '.join(captured.state)}), and {frozen}")
         if first is None:
             first = captured, save_weights(model, captured, out_dir)
         elif list(lifted_weights(captured)) != first[1]["order"]:

@@ -140,6 +140,7 @@ import torch
 from ..runtime._cache import inductor_cache_in
 from ..runtime._schema import TreeSpec
 from ..runtime._torch_private import PREPACK_OPS, bind_arguments, kernel_key
+from .state import state_written_back
 
 # Modules that decompositions in inductor's table use as `torch._inductor.<module>.<name>`
 # without importing them (`torch._inductor.lowering.should_fallback_max_pool_with_indices`).
@@ -234,11 +235,13 @@ def _bounds(dim: Any) -> tuple[int, int]:
 def compile_exported(exported: torch.export.ExportedProgram, inductor_config: dict[str, Any]) -> Any:
     """Compile a `torch.export` program with `standalone_compile(aot=True)`.
 
-    Returns the AOTCompiledArtifact. Exactly the export Dims stay dynamic.
+    Returns the AOTCompiledArtifact. Exactly the export Dims stay dynamic. A
+    graph that updates buffers updates them in place and returns the user's
+    outputs alone (`state.state_written_back`).
     """
-    graph_module = exported.graph_module
-    for node in graph_module.graph.nodes:
+    for node in exported.graph_module.graph.nodes:
         node.meta.pop("stack_trace", None)  # source paths, which the artifact would keep
+    graph_module = state_written_back(exported)
     fake_inputs = [node.meta["val"] for node in graph_module.graph.nodes if node.op == "placeholder"]
     output_node = next(iter(reversed(graph_module.graph.nodes)))
     for node in output_node.args[0]:
@@ -526,15 +529,18 @@ def vector_isa(simdlen: int) -> tuple[str, str]:
     return str(isa), isa.build_arch_flags()
 
 
-def output_module(artifact: Any) -> tuple[str, list[int], str]:
+def output_module(artifact: Any, state_inputs: set[int]) -> tuple[str, list[int], str]:
     """(source of the output module, indices of the inputs whose alignment the
-    compiled graph's wrapper checks, why the wrapper does more than that or "")."""
+    compiled graph's wrapper checks, why the wrapper does more than that or "").
+    `state_inputs` are the inputs holding the model's state, which the output
+    module itself updates in place (AOTAutograd keeps an inference graph's input
+    mutations in the graph, so its wrapper has nothing to do for them)."""
     graph = artifact.inner_fn.compiled_fn
     source = getattr(graph, "source_code", None)
     if not isinstance(source, str):
         return "", [], "the compiled graph carries no output module source"
-    if graph.mutated_input_idxs:
-        return source, [], f"the compiled graph mutates inputs {sorted(graph.mutated_input_idxs)}"
+    if set(graph.mutated_input_idxs) != state_inputs:
+        return source, [], f"the compiled graph mutates inputs {sorted(graph.mutated_input_idxs)}, its state is inputs {sorted(state_inputs)}"
     if graph.constants:
         return source, [], "the compiled graph has frozen constants"
     return source, list(graph.inputs_to_check), ""
@@ -547,9 +553,8 @@ def wrapper_work(exported: torch.export.ExportedProgram) -> str:
     from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
     signature = exported.graph_signature
-    if signature.buffers_to_mutate or signature.user_inputs_to_mutate:
-        mutated = [*signature.buffers_to_mutate.values(), *signature.user_inputs_to_mutate.values()]
-        return f"it mutates inputs or buffers ({', '.join(mutated)})"
+    if signature.user_inputs_to_mutate:  # buffers it updates are written in the graph (`state.py`)
+        return f"it mutates its inputs ({', '.join(signature.user_inputs_to_mutate.values())})"
     if getattr(signature, "input_tokens", None) or getattr(signature, "output_tokens", None):
         return "it carries effect tokens (ops with side effects)"
     nodes = list(exported.graph_module.graph.nodes)

@@ -1,0 +1,243 @@
+"""Models with state (tests/stateful/models.py): a decoder with its static KV cache
+in buffers, transformers decoders (Llama, Qwen3, GPT-2) through transformers'
+export wrapper with a static cache, and a step counter. Built once with the real
+hook, installed in a fresh environment without a compiler or transformers, and
+run in fresh processes: outputs, state and greedy tokens against eager and
+against transformers' own `generate`; per-handle state, threads, reset, and the
+bad inputs, with their messages."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO, Venv, build_wheel, deploy, no_compiler_env, write_project
+
+pytestmark = pytest.mark.e2e
+
+MODELS = (REPO / "tests" / "stateful" / "models.py").read_text()
+LM_DIMS = 'dims = { seq = { min = 1, max = 48, axes = ["input_ids:1", "cache_position:0"] } }'
+PROJECT = """
+[models.decoder]
+factory = "statepkg.models:decoder"
+example-inputs = "statepkg.models:prompt"
+example-steps = "statepkg.models:steps"
+dims = { batch = { min = 1, max = 4, axes = ["0:0"] }, seq = { min = 1, max = 64, axes = ["0:1", "1:0"] } }
+
+[models.counter]
+factory = "statepkg.models:counter"
+inputs = [{ shape = ["batch", 8] }]
+dims = { batch = { min = 1, max = 8 } }
+""" + "".join(
+    f"""
+[models.{name}]
+factory = "statepkg.models:{name}"
+example-inputs = "statepkg.models:lm_prompt"
+example-steps = "statepkg.models:lm_steps"
+{LM_DIMS}
+"""
+    for name in ("llama", "qwen3", "gpt2")
+)
+LMS = ("llama", "qwen3", "gpt2")
+
+
+@pytest.fixture(scope="module")
+def state_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    project = write_project(tmp_path_factory.mktemp("state"), "statepkg", MODELS, PROJECT.replace("[models.", "[tool.hatch.build.hooks.precompile.models."))
+    return build_wheel(project)
+
+
+@pytest.fixture(scope="module")
+def state_venv(tmp_path_factory: pytest.TempPathFactory, state_wheel: Path) -> Venv:
+    """The wheel and what it requires (torch, safetensors): no transformers, no compiler."""
+    env = deploy(state_wheel, tmp_path_factory.mktemp("state-deploy") / "venv")
+    assert env.script("import importlib.util; print(importlib.util.find_spec('transformers'))").stdout.strip() == "None"
+    return env
+
+
+def _run(venv: Venv, tmp_path: Path, code: str) -> dict:
+    """Run `code` without a compiler; it prints one JSON line, returned."""
+    done = venv.script(code, env=no_compiler_env(tmp_path))
+    assert not (tmp_path / "compiler-used").exists()
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+# Greedy tokens from the compiled decoder and from the eager module, for prompts of
+# several lengths and batch sizes; the state after them against eager's buffers.
+GENERATE = """
+import json, sys, torch
+from statepkg import load_compiled
+from statepkg.models import VOCAB, decoder
+compiled = load_compiled("decoder")
+report = {"explain": load_compiled.explain("decoder"), "runs": []}
+for batch, length, new in ((1, 3, 20), (2, 7, 12), (4, 30, 9)):
+    prompt = torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(length))
+    eager = decoder()
+    with torch.no_grad():
+        logits, tokens = eager(prompt, torch.arange(length)), []
+        for position in range(length, length + new):
+            tokens.append(logits[:, -1].argmax(-1))
+            logits = eager(tokens[-1][:, None], torch.tensor([position]))
+    ours = compiled.generate(prompt, new)
+    buffers = dict(eager.named_buffers())
+    # eager's loop also fed the last token (generate stops before): feed it here too
+    compiled(ours[:, -1:], torch.tensor([length + new - 1]))
+    worst = max((compiled.state[n] - buffers[n]).abs().max().item() for n in compiled.state)
+    report["runs"].append({"equal": torch.equal(ours, torch.stack(tokens, 1)), "new": list(ours.shape), "state": worst})
+report["compiler"] = sorted(m for m in ("torch._inductor", "torch._dynamo") if m in sys.modules)
+print(json.dumps(report))
+"""
+
+
+@pytest.mark.release
+def test_the_decoder_generates_eagers_tokens_from_the_wheel(state_venv: Venv, tmp_path: Path) -> None:
+    report = _run(state_venv, tmp_path, GENERATE)
+    assert "lean form" in report["explain"], report["explain"]
+    assert report["compiler"] == []
+    for run in report["runs"]:
+        assert run["equal"], report
+        assert run["state"] < 1e-4, report  # the cache holds eager's keys and values
+
+
+# Two handles: separate caches, reset, a new handle from load_compiled, and two threads
+# each generating with its own handle.
+HANDLES = """
+import json, threading, torch
+from statepkg import load_compiled
+from statepkg.models import VOCAB
+first, second = load_compiled("decoder"), load_compiled("decoder")
+prompt = torch.randint(0, VOCAB, (2, 6), generator=torch.Generator().manual_seed(0))
+first(prompt, torch.arange(6))
+report = {
+    "distinct": first is not second,
+    "second_untouched": all(bool((t == 0).all()) for t in second.state.values()),
+    "first_written": any(bool((t != 0).any()) for t in first.state.values()),
+}
+first.reset()
+report["reset"] = all(bool((t == 0).all()) for t in first.state.values())
+alone = {i: load_compiled("decoder").generate(prompt[i : i + 1], 15) for i in range(2)}
+results = {}
+def work(i):
+    model = load_compiled("decoder")
+    for _ in range(3):
+        results.setdefault(i, []).append(model.generate(prompt[i : i + 1], 15))
+threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+for t in threads: t.start()
+for t in threads: t.join()
+report["threads"] = all(torch.equal(r, alone[i]) for i in range(2) for r in results[i])
+report["threads_differ"] = not torch.equal(alone[0], alone[1])
+print(json.dumps(report))
+"""
+
+
+def test_each_handle_has_its_own_state_reset_and_threads(state_venv: Venv, tmp_path: Path) -> None:
+    report = _run(state_venv, tmp_path, HANDLES)
+    assert report == {
+        "distinct": True, "second_untouched": True, "first_written": True, "reset": True, "threads": True, "threads_differ": True
+    }, report
+
+
+COUNTER = """
+import json, torch
+from statepkg import load_compiled
+from statepkg.models import counter
+compiled, eager = load_compiled("counter"), counter()
+worst = 0.0
+for batch in (3, 1, 8, 2):
+    x = torch.randn(batch, 8, generator=torch.Generator().manual_seed(batch))
+    with torch.no_grad():
+        worst = max(worst, (compiled(x) - eager(x)).abs().max().item())
+print(json.dumps({"worst": worst, "calls": int(compiled.state["calls"]), "total": (compiled.state["total"] - eager.total).abs().max().item()}))
+"""
+
+
+def test_a_counter_and_a_running_sum_match_eager(state_venv: Venv, tmp_path: Path) -> None:
+    report = _run(state_venv, tmp_path, COUNTER)
+    assert report["calls"] == 4 and report["worst"] < 1e-5 and report["total"] < 1e-5, report
+
+
+# Positions past the cache, a batch larger than it: errors naming the model, the
+# input and the limit; the process and the other positions of the cache survive.
+BAD = """
+import json, torch
+from statepkg import load_compiled
+decoder = load_compiled("decoder")
+report = {}
+def attempt(name, call):
+    try:
+        call()
+        report[name] = "no error"
+    except (IndexError, ValueError) as error:
+        report[name] = f"{type(error).__name__}: {error}"
+decoder(torch.ones(1, 4, dtype=torch.long), torch.arange(4))
+kept = {n: t.clone() for n, t in decoder.state.items()}
+attempt("past", lambda: decoder(torch.ones(1, 1, dtype=torch.long), torch.tensor([64])))
+attempt("batch", lambda: decoder(torch.ones(5, 1, dtype=torch.long), torch.tensor([4])))
+attempt("token", lambda: decoder(torch.full((1, 1), 256), torch.tensor([4])))
+report["kept"] = all(torch.equal(kept[n], t) for n, t in decoder.state.items())
+attempt("budget", lambda: decoder.generate(torch.ones(1, 60, dtype=torch.long), 10))
+report["alive"] = decoder.generate(torch.ones(1, 3, dtype=torch.long), 2).shape[1]
+attempt("lm_past", lambda: load_compiled("llama")(input_ids=torch.ones(1, 2, dtype=torch.long), cache_position=torch.tensor([47, 48])))
+print(json.dumps(report))
+"""
+
+
+def test_positions_past_the_cache_and_too_large_a_batch_say_so(state_venv: Venv, tmp_path: Path) -> None:
+    report = _run(state_venv, tmp_path, BAD)
+    past = "IndexError: model 'decoder', input cache_position: holds 64..64, but the model indexes a size of 64 with it, so its values must be in [0, 63]"
+    assert report["past"].startswith(past), report["past"]
+    assert report["batch"] == "ValueError: model 'decoder', input input_ids: dim 'batch' (dim 0) must be in [1, 4], got 5", report["batch"]
+    assert report["budget"].startswith(past), report["budget"]
+    assert report["alive"] == 2
+    assert report["token"].startswith("IndexError: model 'decoder', input input_ids: holds 256..256, but the model indexes a size of 256"), report
+    assert report["lm_past"].startswith("IndexError: model 'llama', input cache_position: holds 47..48, but the model indexes a size of 48"), report
+    assert report["kept"], report  # a refused call writes nothing
+
+
+def _transformers_tokens(name: str, prompt: torch.Tensor, new: int) -> list[list[int]]:
+    """transformers' own greedy `generate` with a static cache, on the same weights."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("state_models", REPO / "tests" / "stateful" / "models.py")
+    assert spec is not None and spec.loader is not None
+    models = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(models)
+    lm = getattr(models, f"{name}_lm")().eval()
+    lm.generation_config.eos_token_id = None  # every token counts, as in the compiled loop
+    with torch.no_grad():
+        out = lm.generate(prompt, max_new_tokens=new, do_sample=False, cache_implementation="static", pad_token_id=0)
+    return out[:, prompt.shape[1] :].tolist()
+
+
+@pytest.mark.release
+def test_transformers_decoders_generate_transformers_tokens(state_venv: Venv, state_wheel: Path, tmp_path: Path) -> None:
+    prompts = {length: torch.randint(0, 256, (1, length), generator=torch.Generator().manual_seed(length)) for length in (2, 9, 20)}
+    new = 12
+    expected = {name: {length: _transformers_tokens(name, prompt, new) for length, prompt in prompts.items()} for name in LMS}
+    code = f"""
+import json, sys, torch
+from statepkg import load_compiled
+report = {{}}
+for name in {list(LMS)!r}:
+    model = load_compiled(name)
+    report[name] = {{"explain": load_compiled.explain(name)}}
+    for length in {list(prompts)!r}:
+        prompt = torch.randint(0, 256, (1, length), generator=torch.Generator().manual_seed(length))
+        report[name][str(length)] = model.generate(prompt, {new}).tolist()
+report["modules"] = sorted(m for m in ("torch._inductor", "torch._dynamo", "transformers") if m in sys.modules)
+print(json.dumps(report))
+"""
+    report = _run(state_venv, tmp_path, code)
+    assert report.pop("modules") == []
+    for name in LMS:
+        assert "lean form" in report[name].pop("explain")
+        assert report[name] == {str(length): tokens for length, tokens in expected[name].items()}, name
+    with zipfile.ZipFile(state_wheel) as archive:
+        manifest = json.loads(archive.read("statepkg/_precompiled/manifest.json"))
+    assert manifest["models"]["llama"]["state"] == [
+        "cumulative_length_0", "cumulative_length_1", "key_cache_0", "value_cache_0", "key_cache_1", "value_cache_1"
+    ]
