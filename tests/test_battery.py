@@ -31,7 +31,7 @@ from conftest import REPO, Venv, no_compiler_env, pypi_venv, run, write_project
 
 sys.path.insert(0, str(Path(__file__).parent / "battery"))
 from architectures import ARCHITECTURES, OPTIONS, Architecture, sizes, table
-from report import render, summary_rows
+from report import STATE_SECTION, render, summary_rows
 
 pytestmark = pytest.mark.e2e
 
@@ -174,7 +174,8 @@ def test_every_architecture_and_option_matches_eager_in_the_form_it_loads_in(bat
     }
     results.update({a.name: {"status": "refused", "reason": a.refused} for a in [*ARCHITECTURES, *OPTIONS] if a.refused})
     if os.environ.get("HATCH_PRECOMPILE_UPDATE_DOCS"):
-        DOCS.write_text(render(results), encoding="utf-8")
+        state_section = DOCS.read_text(encoding="utf-8").partition(STATE_SECTION)[2]
+        DOCS.write_text(render(results) + STATE_SECTION + state_section, encoding="utf-8")
     assert summary_rows(DOCS.read_text(encoding="utf-8")) == summary_rows(render(results)), (
         "docs/battery.md no longer says what the battery found: rerun with HATCH_PRECOMPILE_UPDATE_DOCS=1"
     )

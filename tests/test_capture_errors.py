@@ -255,3 +255,58 @@ def test_an_output_torch_cannot_flatten_gets_advice_on_what_to_return() -> None:
         "so that it returns no cache object)\n\ntorch's message:\n"
     ), message
     assert "which is not a known type" in message
+
+
+# --- Models with state ------------------------------------------------------------
+
+
+class Counts(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("seen", torch.zeros(4))
+        self.table = nn.Embedding(10, 4)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        self.seen.add_(1)
+        return self.table(ids).sum(1) + self.seen
+
+
+def stateful(steps: str | None) -> ModelConfig:
+    table: dict[str, Any] = {"factory": "made_up:factory", "inputs": [{"shape": ["batch", 3], "dtype": "int64", "range": [0, 10]}], "dims": {"batch": {"min": 1, "max": 4}}}
+    if steps is not None:
+        table["example-steps"] = steps
+    return parse_config({"models": {"m": table}}).models["m"]
+
+
+def steps_that_raise() -> list:
+    raise RuntimeError("no tokenizer here")
+
+
+def steps_of_the_wrong_kind() -> list:
+    return [(torch.zeros(2, 3, dtype=torch.long),)]
+
+
+def test_a_model_with_state_is_captured_with_its_state_and_the_bounds_of_its_indices() -> None:
+    module = Counts().eval()
+    captured = capture(stateful(None), module, {})
+    assert captured.state == ["seen"] and torch.equal(captured.initial_state["seen"], torch.zeros(4))
+    assert len(captured.calls) == 3  # the example inputs, then twice more by default
+    outputs, state = captured.eager_run
+    assert len(outputs) == 3 and torch.equal(state[0], torch.full((4,), 3.0))
+    assert torch.equal(module.seen, torch.zeros(4)), "the build's eager run must leave the module's own state alone"
+    assert captured.input_leaves[0]["below"] == 10  # the ids index an embedding table of 10 rows
+
+
+@pytest.mark.parametrize(
+    ("steps", "expected"),
+    [
+        ("test_capture_errors:steps_that_raise", "RuntimeError: no tokenizer here"),
+        ("test_capture_errors:steps_of_the_wrong_kind", "expected an iterable of (args, kwargs) calls, each a tuple of a tuple and a dict; call 0 is a tuple"),
+        ("test_capture_errors:no_such_steps", "'test_capture_errors' has no attribute 'no_such_steps'"),
+    ],
+)
+def test_example_steps_that_cannot_be_used_name_the_key_and_why(steps: str, expected: str) -> None:
+    with pytest.raises(ModelBuildError) as caught:
+        capture(stateful(steps), Counts().eval(), {})
+    assert "example-steps" in caught.value.step and steps in caught.value.step
+    assert expected in caught.value.message

@@ -125,6 +125,7 @@ def test_example_inputs_callable_with_dim_axes() -> None:
         ({"models": {"m": model(factory=None)}}, f"{T}.models.m.factory: missing; expected 'module:callable'"),
         ({"models": {"m": model(factory="pkg.model.build")}}, f"{T}.models.m.factory: expected 'module:callable', found 'pkg.model.build'"),
         ({"models": {"m": model(inputs=None, dims={})}}, f"{T}.models.m: declares no inputs"),
+        ({"models": {"m": {**model(), "example-steps": "steps"}}}, f"{T}.models.m.example-steps: expected 'module:callable', found 'steps'"),
         ({"models": {"m": model(inputs={"shape": [1]})}}, f"{T}.models.m.inputs: expected an array, found a table"),
         ({"models": {"m": model(inputs=[{"dtype": "int64"}], dims={})}}, f"{T}.models.m.inputs[0].shape: missing"),
         ({"models": {"m": model(inputs=[{"shape": [0]}], dims={})}}, f"{T}.models.m.inputs[0].shape[0]: expected an integer >= 1, found 0"),
@@ -255,6 +256,6 @@ def test_int8_quantization_parses_and_its_conflicts_are_named() -> None:
 def test_the_documented_keys_are_these() -> None:
     assert {"package", "fallback", "cpu-targets", "jobs", "models.<name>"} == set(TABLE_KEYS)
     assert set(MODEL_KEYS) == {
-        "factory", "inputs", "kwargs", "example-inputs", "dims", "weights", "dtype",
+        "factory", "inputs", "kwargs", "example-inputs", "example-steps", "dims", "weights", "dtype",
         "options", "fallback", "cpu-targets", "accuracy", "outputs", "quantize", "calibration",
     }  # fmt: skip

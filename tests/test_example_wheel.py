@@ -113,7 +113,7 @@ def test_wheel_holds_loader_manifest_artifact_and_weights(example_build: Example
     assert artifact["lean"]["file"] == "encoder/cpu_avx2.py" and artifact["lean"]["extern_kernels"] == ["addmm"]
     assert artifact["cpu_target"] == "avx2" and artifact["aten_capability"] == "AVX2"
     assert set(artifact["kernels"]) == set(encoder["kernels"]) and len(artifact["kernels"]) >= 1
-    assert encoder["inputs"]["leaves"] == [{"name": "input_ids", "dtype": "int64", "device": "cpu", "shape": ["batch", 64], "layout": "contiguous"}]
+    assert encoder["inputs"]["leaves"] == [{"name": "input_ids", "dtype": "int64", "device": "cpu", "shape": ["batch", 64], "layout": "contiguous", "below": 1000}]
     assert encoder["outputs"]["leaves"] == [
         {"dtype": "float32", "shape": ["batch", 64]},
         {"dtype": "float32", "shape": ["batch", 64, 64]},

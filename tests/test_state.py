@@ -67,14 +67,17 @@ def _run(venv: Venv, tmp_path: Path, code: str) -> dict:
 
 
 # Greedy tokens from the compiled decoder and from the eager module, for prompts of
-# several lengths and batch sizes; the state after them against eager's buffers.
-GENERATE = """
+# several lengths and batch sizes, and the state after them against eager's buffers;
+# and the transformers decoders' tokens, compared in the test with transformers' own.
+DECODER_RUNS = ((1, 3, 20), (2, 7, 12), (4, 30, 9))  # batch, prompt length, new tokens
+LM_PROMPTS, LM_NEW = (2, 9, 20), 12
+GENERATE = f"""
 import json, sys, torch
 from statepkg import load_compiled
 from statepkg.models import VOCAB, decoder
 compiled = load_compiled("decoder")
-report = {"explain": load_compiled.explain("decoder"), "runs": []}
-for batch, length, new in ((1, 3, 20), (2, 7, 12), (4, 30, 9)):
+report = {{"explain": {{name: load_compiled.explain(name) for name in ("decoder", *{LMS!r})}}, "decoder": []}}
+for batch, length, new in {DECODER_RUNS!r}:
     prompt = torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(length))
     eager = decoder()
     with torch.no_grad():
@@ -83,24 +86,34 @@ for batch, length, new in ((1, 3, 20), (2, 7, 12), (4, 30, 9)):
             tokens.append(logits[:, -1].argmax(-1))
             logits = eager(tokens[-1][:, None], torch.tensor([position]))
     ours = compiled.generate(prompt, new)
+    compiled(ours[:, -1:], torch.tensor([length + new - 1]))  # eager's loop fed the last token too
     buffers = dict(eager.named_buffers())
-    # eager's loop also fed the last token (generate stops before): feed it here too
-    compiled(ours[:, -1:], torch.tensor([length + new - 1]))
     worst = max((compiled.state[n] - buffers[n]).abs().max().item() for n in compiled.state)
-    report["runs"].append({"equal": torch.equal(ours, torch.stack(tokens, 1)), "new": list(ours.shape), "state": worst})
-report["compiler"] = sorted(m for m in ("torch._inductor", "torch._dynamo") if m in sys.modules)
+    report["decoder"].append({{"equal": torch.equal(ours, torch.stack(tokens, 1)), "shape": list(ours.shape), "state": worst}})
+for name in {LMS!r}:
+    model = load_compiled(name)
+    report[name] = {{}}
+    for length in {LM_PROMPTS!r}:
+        prompt = torch.randint(0, 256, (1, length), generator=torch.Generator().manual_seed(length))
+        report[name][str(length)] = model.generate(prompt, {LM_NEW}).tolist()
+report["modules"] = sorted(m for m in ("torch._inductor", "torch._dynamo", "transformers") if m in sys.modules)
 print(json.dumps(report))
 """
 
 
+@pytest.fixture(scope="module")
+def generated(state_venv: Venv, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """What the installed wheel generated, in one fresh process without a compiler."""
+    return _run(state_venv, tmp_path_factory.mktemp("generate"), GENERATE)
+
+
 @pytest.mark.release
-def test_the_decoder_generates_eagers_tokens_from_the_wheel(state_venv: Venv, tmp_path: Path) -> None:
-    report = _run(state_venv, tmp_path, GENERATE)
-    assert "lean form" in report["explain"], report["explain"]
-    assert report["compiler"] == []
-    for run in report["runs"]:
-        assert run["equal"], report
-        assert run["state"] < 1e-4, report  # the cache holds eager's keys and values
+def test_the_decoder_generates_eagers_tokens_from_the_wheel(generated: dict) -> None:
+    assert generated["modules"] == []  # no compiler, and no transformers: the wheel needs neither
+    assert "lean form" in generated["explain"]["decoder"], generated["explain"]
+    for run, (batch, _, new) in zip(generated["decoder"], DECODER_RUNS):
+        assert run["equal"] and run["shape"] == [batch, new], generated["decoder"]
+        assert run["state"] < 1e-4, generated["decoder"]  # the cache holds eager's keys and values
 
 
 # Two handles: separate caches, reset, a new handle from load_compiled, and two threads
@@ -214,30 +227,50 @@ def _transformers_tokens(name: str, prompt: torch.Tensor, new: int) -> list[list
 
 
 @pytest.mark.release
-def test_transformers_decoders_generate_transformers_tokens(state_venv: Venv, state_wheel: Path, tmp_path: Path) -> None:
-    prompts = {length: torch.randint(0, 256, (1, length), generator=torch.Generator().manual_seed(length)) for length in (2, 9, 20)}
-    new = 12
-    expected = {name: {length: _transformers_tokens(name, prompt, new) for length, prompt in prompts.items()} for name in LMS}
-    code = f"""
-import json, sys, torch
-from statepkg import load_compiled
-report = {{}}
-for name in {list(LMS)!r}:
-    model = load_compiled(name)
-    report[name] = {{"explain": load_compiled.explain(name)}}
-    for length in {list(prompts)!r}:
-        prompt = torch.randint(0, 256, (1, length), generator=torch.Generator().manual_seed(length))
-        report[name][str(length)] = model.generate(prompt, {new}).tolist()
-report["modules"] = sorted(m for m in ("torch._inductor", "torch._dynamo", "transformers") if m in sys.modules)
-print(json.dumps(report))
-"""
-    report = _run(state_venv, tmp_path, code)
-    assert report.pop("modules") == []
+def test_transformers_decoders_generate_transformers_tokens(generated: dict, state_wheel: Path) -> None:
     for name in LMS:
-        assert "lean form" in report[name].pop("explain")
-        assert report[name] == {str(length): tokens for length, tokens in expected[name].items()}, name
+        assert "lean form" in generated["explain"][name], generated["explain"]
+        prompts = {length: torch.randint(0, 256, (1, length), generator=torch.Generator().manual_seed(length)) for length in LM_PROMPTS}
+        expected = {str(length): _transformers_tokens(name, prompt, LM_NEW) for length, prompt in prompts.items()}
+        assert generated[name] == expected, name
     with zipfile.ZipFile(state_wheel) as archive:
         manifest = json.loads(archive.read("statepkg/_precompiled/manifest.json"))
     assert manifest["models"]["llama"]["state"] == [
         "cumulative_length_0", "cumulative_length_1", "key_cache_0", "value_cache_0", "key_cache_1", "value_cache_1"
     ]
+
+
+# docs/battery.md's section on models with state, from what this module found.
+DOCS = REPO / "docs" / "battery.md"
+ROWS = {
+    "decoder": ("A decoder with its KV cache in buffers, written through the batch rows (`k_cache[:b].index_copy_`)", "its eager module's greedy loop"),
+    "llama": ("LlamaForCausalLM through `TorchExportableModuleForDecoderOnlyLM` (static cache)", "transformers' `generate` (static cache)"),
+    "qwen3": ("Qwen3ForCausalLM (q/k norms) through the same wrapper", "transformers' `generate` (static cache)"),
+    "gpt2": ("GPT2LMHeadModel (learned positions, Conv1D) through the same wrapper", "transformers' `generate` (static cache)"),
+}
+
+
+def test_the_battery_docs_show_the_models_with_state(generated: dict) -> None:
+    """HATCH_PRECOMPILE_UPDATE_DOCS=1 rewrites the section."""
+    import os
+
+    lines = ["| model | architecture | form | tokens against | prompts (batch x length, new tokens) | result |", "|---|---|---|---|---|---|"]
+    for name, (what, against) in ROWS.items():
+        form = "lean" if "lean form" in generated["explain"][name] else "artifact"
+        if name == "decoder":
+            prompts = ", ".join(f"{b}x{length}, {new}" for b, length, new in DECODER_RUNS)
+            equal = all(run["equal"] for run in generated["decoder"])
+        else:
+            prompts = ", ".join(f"1x{length}, {LM_NEW}" for length in LM_PROMPTS)
+            equal = generated[name] == {
+                str(length): _transformers_tokens(name, torch.randint(0, 256, (1, length), generator=torch.Generator().manual_seed(length)), LM_NEW)
+                for length in LM_PROMPTS
+            }
+        lines.append(f"| {name} | {what} | {form} | {against} | {prompts} | {'every token equal' if equal else 'tokens differ'} |")
+    table = "\n".join(lines) + "\n"
+    text = DOCS.read_text(encoding="utf-8")
+    begin = text.index("-->\n", text.index("<!-- generated by tests/test_state.py")) + len("-->\n")
+    end = text.index("<!-- end of the models with state -->")
+    if os.environ.get("HATCH_PRECOMPILE_UPDATE_DOCS"):
+        DOCS.write_text(text[:begin] + table + text[end:], encoding="utf-8")
+    assert text[begin:end] == table, "docs/battery.md's models with state drifted: rerun with HATCH_PRECOMPILE_UPDATE_DOCS=1"

@@ -1,6 +1,7 @@
 """The transformers example: a BERT encoder built from a small config, compiled with
-input_ids and attention_mask and a dynamic batch, and a GPT-2 decoder with a
-dynamic batch and sequence length, through `python -m build` with
+input_ids and attention_mask and a dynamic batch, a GPT-2 decoder with a
+dynamic batch and sequence length, and a Llama decoder with a static cache that
+generates transformers' tokens, through `python -m build` with
 build isolation (transformers reaches the build environment through hatchling's
 require-runtime-dependencies), installed in a fresh environment and compared
 with the eager model in a fresh process."""
@@ -55,6 +56,23 @@ for batch, sequence in ((1, 4), (3, 17), (8, 96)):
 print(json.dumps(report))
 """
 
+# The Llama decoder generates transformers' own greedy tokens (static cache), for
+# prompts of several lengths, and the same again after its state is reset.
+GENERATE = """
+import json, sys, torch
+from example_bert import load_compiled
+from example_bert.model import build_llama_lm
+llama, lm = load_compiled("llama"), build_llama_lm()
+lm.generation_config.eos_token_id = None
+report = {"loaded": repr(llama), "equal": []}
+for length in (1, 12, 60):
+    prompt = torch.randint(0, 1000, (1, length), generator=torch.Generator().manual_seed(length))
+    with torch.no_grad():
+        expected = lm.generate(prompt, max_new_tokens=20, do_sample=False, pad_token_id=0)[:, length:]
+    report["equal"].append(torch.equal(llama.generate(prompt, 20), expected))
+print(json.dumps(report))
+"""
+
 # outputs="plain": a dict with the same contents, and transformers is never imported.
 PLAIN = """
 import json, sys, torch
@@ -80,6 +98,8 @@ def test_bert_and_gpt2_from_transformers_round_trip(wheelhouse: Path, tmp_path: 
     decoder = json.loads(env.script(DECODER, env=no_compiler_env(tmp_path)).stdout)
     assert decoder.pop("loaded") == "<compiled model 'gpt2' from gpt2/cpu_avx2.py>"
     assert decoder == {f"{b}x{s}": ["CausalLMOutputWithCrossAttentions", [b, s, 1000]] for b, s in ((1, 4), (3, 17), (8, 96))}
+    generated = json.loads(env.script(GENERATE, env=no_compiler_env(tmp_path)).stdout)
+    assert generated == {"loaded": "<compiled model 'llama' from llama/cpu_avx2.py>", "equal": [True, True, True]}
     plain = json.loads(env.script(PLAIN, env=no_compiler_env(tmp_path)).stdout)
     assert plain == ["dict", ["last_hidden_state", "pooler_output"], False, False]
     assert not (tmp_path / "compiler-used").exists()
