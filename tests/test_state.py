@@ -254,14 +254,14 @@ def test_the_battery_docs_show_the_models_with_state(generated: dict) -> None:
     """HATCH_PRECOMPILE_UPDATE_DOCS=1 rewrites the section."""
     import os
 
-    lines = ["| model | architecture | form | tokens against | prompts (batch x length, new tokens) | result |", "|---|---|---|---|---|---|"]
+    lines = ["| model | architecture | form | tokens against | prompts: batch x length +new tokens | result |", "|---|---|---|---|---|---|"]
     for name, (what, against) in ROWS.items():
         form = "lean" if "lean form" in generated["explain"][name] else "artifact"
         if name == "decoder":
-            prompts = ", ".join(f"{b}x{length}, {new}" for b, length, new in DECODER_RUNS)
+            prompts = "; ".join(f"{b}x{length} +{new}" for b, length, new in DECODER_RUNS)
             equal = all(run["equal"] for run in generated["decoder"])
         else:
-            prompts = ", ".join(f"1x{length}, {LM_NEW}" for length in LM_PROMPTS)
+            prompts = "; ".join(f"1x{length} +{LM_NEW}" for length in LM_PROMPTS)
             equal = generated[name] == {
                 str(length): _transformers_tokens(name, torch.randint(0, 256, (1, length), generator=torch.Generator().manual_seed(length)), LM_NEW)
                 for length in LM_PROMPTS

@@ -131,7 +131,7 @@ def load_compiled(
             if weights is None:
                 weights = bind_weights(name, how.entry, state_dict, module)
             classes = (outputs or how.entry["outputs_form"]) == "classes"
-            model = CompiledModel(name, how.entry, _variants[name], weights, classes)
+            model = CompiledModel(name, how.entry, _variants[name], weights, classes, own_state=False)
         elif fallback_policy(fallback, how.model) == "error":
             raise PrecompiledModelError(unavailable(name, how.reason))
         else:
@@ -213,7 +213,10 @@ class CompiledModel:
     a KV cache) holds its own copy of them, which every call reads and updates
     as the module's forward does its buffers; the weights are shared."""
 
-    def __init__(self, name: str, model: ModelEntry, variants: _Variants, weights: list[Any], classes: bool) -> None:
+    def __init__(self, name: str, model: ModelEntry, variants: _Variants, weights: list[Any], classes: bool, *, own_state: bool = True) -> None:
+        """`own_state=False` makes the handle `load_compiled` keeps and never returns
+        for a model with state: its state is the shared initial values, which
+        `with_own_state` copies for each handle it makes."""
         import torch
 
         self.name, self._model = name, model
@@ -227,7 +230,8 @@ class CompiledModel:
         order = model["weights"]["order"]
         self._state_at = {state: order.index(state) for state in model["state"]}
         self._initial = weights  # shared by every handle; the state's values before any call
-        self._weights = [w.clone() if index in self._state_at.values() else w for index, w in enumerate(weights)]
+        copied = set(self._state_at.values()) if own_state else set()
+        self._weights = [w.clone() if index in copied else w for index, w in enumerate(weights)]
 
     @property
     def has_state(self) -> bool:
