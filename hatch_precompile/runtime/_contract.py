@@ -157,4 +157,3 @@ def import_object(spec: str) -> Any:
     for part in attribute.split("."):
         target = getattr(target, part)
     return target
-

@@ -23,17 +23,16 @@ def greedy(call: Callable[[Any, Any], Any], input_ids: Any, max_new_tokens: int,
     import torch
 
     batch, length = input_ids.shape
-    budget = max_new_tokens
     logits = call(input_ids, torch.arange(length))
     tokens: list[Any] = []
     finished = torch.zeros(batch, dtype=torch.bool)
-    for position in range(length, length + budget):
+    for step in range(max_new_tokens):
         token = logits[:, -1].argmax(-1)
         if stop_token is not None:
             token = torch.where(finished, stop_token, token)
             finished |= token == stop_token
         tokens.append(token)
-        if bool(finished.all()) or position == length + budget - 1:
+        if bool(finished.all()) or step == max_new_tokens - 1:
             break
-        logits = call(token[:, None], torch.tensor([position]))
+        logits = call(token[:, None], torch.tensor([length + step]))
     return torch.stack(tokens, dim=1) if tokens else input_ids.new_empty((batch, 0))

@@ -184,9 +184,9 @@ def _example_steps(model: ModelConfig, captured: Captured) -> list[tuple[tuple, 
 
 def _decomposition_failure(failed: _ExportFailed) -> str:
     return (
-        "torch.export captured the model, but decomposing its graph for inductor failed inside torch, and so did "
-        "torch.export's strict capture (dynamo) of the same module, which the build tried next; this is torch's "
-        f"limitation, not the declared dims'\n\ntorch's message (non-strict capture):\n{_torch_error(failed.error)}"
+        "torch.export captured the model, but decomposing its graph for inductor failed inside torch; the build "
+        "then tried torch.export's strict capture (dynamo) of the same module, which failed too"
+        f"\n\ntorch's message (non-strict capture, decomposing):\n{_torch_error(failed.error)}"
         + (f"\n\ntorch's message (strict capture):\n{_torch_error(failed.strict_error)}" if failed.strict_error else "")
     )
 

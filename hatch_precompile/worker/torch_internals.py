@@ -28,6 +28,15 @@ What it relies on (measured on torch 2.13):
   `source_code` is the output module's text, `inputs_to_check` the inputs whose
   alignment its wrapper checks, `mutated_input_idxs` the inputs it mutates and
   `constants` the tensors frozen into it.
+- State (`state.py`): a graph that ends by `aten.copy_` into an input (a buffer
+  the forward updates) is compiled as an inference graph that mutates that
+  input: AOTAutograd keeps the mutation in the graph, so the output module
+  itself writes it and the runtime wrapper does nothing for it, and the
+  compiled graph's `mutated_input_idxs` names those inputs. Inductor's
+  reinplacing turns an `index_put` on the whole buffer, copied back into it,
+  into an in-place write; through a slice of the buffer it does not
+  (`tests/test_torch_assumptions.py` checks that no cache-sized temporary is
+  allocated).
 - A custom op defined in Python with `torch.library.custom_op` is in
   `torch._library.custom_ops.OPDEFS` under its qualified name, and the function
   it wraps (`_init_fn`) names the module that defines it.
