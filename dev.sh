@@ -10,6 +10,7 @@
 #                          `release` (torch assumptions, example wheel end to end)
 #   ./dev.sh bench [ARGS]  the cold-start benchmark (benchmarks/cold_start.py)
 #   ./dev.sh bench-build [ARGS]  the build-time benchmark (benchmarks/build_time.py)
+#   ./dev.sh bench-decode [ARGS]  the decode benchmark (benchmarks/decode.py): a KV-cache decoder
 # TORCH_REQUIREMENT picks the torch for demo, test and bench (default torch==2.13.0);
 # each torch gets its own environment (.venv for the default, .venv-torch-X.Y.Z else).
 set -euo pipefail
@@ -17,7 +18,7 @@ cd "$(dirname "$0")"
 PYTHON=${PYTHON:-python3}
 DEFAULT_TORCH=torch==2.13.0
 OTHER_RELEASES="2.14.1 2.15.0"  # the other supported releases, each tested by a leg
-BESIDE="tests/test_battery.py tests/test_build_cache.py tests/test_cpu_targets.py tests/test_int8.py tests/test_model_forms.py"  # `./dev.sh test` runs these in a second pytest process
+BESIDE="tests/test_battery.py tests/test_build_cache.py tests/test_cpu_targets.py tests/test_int8.py tests/test_model_forms.py tests/test_state.py"  # `./dev.sh test` runs these in a second pytest process
 TORCH_REQUIREMENT=${TORCH_REQUIREMENT:-$DEFAULT_TORCH}
 
 venv_for() {  # venv_for <torch requirement>: its environment's folder
@@ -126,6 +127,19 @@ bench() {
   "$DEMO/venv/bin/python" benchmarks/cold_start.py "$@"
 }
 
+install_decoder() {  # after install_example: adds decoder_bench (a 92 M decoder with a KV cache: float32 1024 and 2048, bfloat16) to $DEMO/venv
+  echo "== building the decoder wheel (one Llama-style decoder with its KV cache in its state, three builds)"
+  build_example_wheel benchmarks/decoder
+  "$DEMO/venv/bin/python" -m pip install --disable-pip-version-check -q "$DEMO"/dist/decoder_bench-*.whl
+}
+
+bench_decode() {
+  install_example
+  install_decoder
+  echo "== decode benchmark (several minutes: torch.compile and AOTInductor compile each model once at setup)"
+  "$DEMO/venv/bin/python" benchmarks/decode.py "$@"
+}
+
 bench_build() {
   setup
   echo "== build-time benchmark (a three-model project built cold, in parallel, cached, changed, from parts)"
@@ -203,5 +217,6 @@ case "${1:-}" in
   leg) default_environment && leg "${2:?usage: ./dev.sh leg RELEASE, e.g. 2.15.0}" ;;
   bench) shift; bench "$@" ;;
   bench-build) shift; bench_build "$@" ;;
-  *) echo "usage: ./dev.sh demo | test [pytest args] | lint | leg RELEASE | bench [benchmark args] | bench-build [benchmark args]" >&2; exit 2 ;;
+  bench-decode) shift; bench_decode "$@" ;;
+  *) echo "usage: ./dev.sh demo | test [pytest args] | lint | leg RELEASE | bench [benchmark args] | bench-build [benchmark args] | bench-decode [benchmark args]" >&2; exit 2 ;;
 esac

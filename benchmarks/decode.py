@@ -1,0 +1,364 @@
+"""Greedy decoding with a static KV cache: time to the first token and per-token time.
+
+Run it in an environment where the example wheel and benchmarks/decoder's wheel
+(package decoder_bench) are installed: `./dev.sh bench-decode` builds both and runs
+this. Models (--models, all three by default): a Llama-style decoder of 92 M
+parameters (6 layers, 768 wide, 12 heads of 64, RMSNorm, rotary positions, SwiGLU
+2048, vocabulary 32000), its KV cache in buffers each call updates in place
+(benchmarks/decoder/src/decoder_bench/model.py):
+
+- decoder: float32, a cache of 1024 positions
+- decoder_2048: the same weights, a cache of 2048 positions
+- decoder_bf16: the 1024 model in bfloat16
+
+Every case does the same work, batch 1: a prompt of --prompt random token ids
+(fixed seed) in one call `model(input_ids, arange(prompt))`, the argmax of its last
+logits, then --new-tokens steps, each feeding the last token back at the next
+position, `model(token[:, None], tensor([position]))`, and taking its argmax. The
+new tokens compared are those fed to the steps (the prompt's argmax and the
+first --new-tokens - 1 steps'). Cases, each in fresh processes (median of
+--runs, min-max shown), every case of every model interleaved in one run, so that
+they share the machine's current load:
+
+- eager: import, build the module with the package's factory, which draws its
+  seeded random weights (no checkpoint is read; bfloat16: `.to(torch.bfloat16)`),
+  decode
+- torch.compile, warm cache: the eager module through `torch.compile(dynamic=True)`,
+  with the inductor cache a setup process filled by decoding once (a private
+  TORCHINDUCTOR_CACHE_DIR); the one-token steps compile a second graph (size 1 is
+  specialized), which the cache also holds
+- AOTInductor: at setup, torch.export of the eager module with the sequence dynamic
+  (1 to the cache length, on input_ids' dim 1 and cache_position's dim 0) and
+  `torch._inductor.aoti_compile_and_package`; in the process,
+  `torch._inductor.aoti_load_package`, no C++ compiler on PATH. "n/a: reason"
+  where the export or the compile fails
+- load_compiled: `load_compiled(name)` from the wheel (lean form: no compiler
+  imported), a handle with its own cache; empty private caches (the first process
+  after install: the weights file is hashed), no C++ compiler on PATH
+
+Columns: first token is the time from process start (`import torch` included) to
+the prompt's call done and its argmax taken; per token is the median step time
+(call and argmax) in each process, then the median over processes (min-max
+across processes); first step is the first one-token call alone (median over
+processes); ratios are against float32 eager with the 1024 cache. Peak RSS is the
+process's maximum resident memory. For load_compiled, the cost of its input
+checks alone on a step's inputs is printed under the table. "tokens = eager's" says whether the case's new
+tokens equal its model's eager ones (float32 eager for the float32 models,
+bfloat16 eager for decoder_bf16). The accuracy table compares every case's prompt
+logits (all positions) with float32 eager's (relative error, norm of the
+difference over the norm of float32's, and cosine), and its new tokens with
+float32 eager's: after how many they first differ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from cold_start import cpu_model, no_compiler_path, positive, spread, version  # the cold-start benchmark's helpers, beside this script
+
+CHILD_TIMEOUT_S = 1800  # one process; torch.compile's or AOTInductor's setup on two slow cores stays far below
+PACKAGE = "decoder_bench"
+VOCAB = 32000
+
+
+@dataclass(frozen=True)
+class Model:
+    key: str  # the --models name and the name in load_compiled
+    title: str
+    factory: str  # "module:function" building the eager module
+    max_len: int  # the cache's positions: the dynamic sequence's upper bound
+    dtype: str | None = None  # the precision compiled (and eager's), where not float32
+
+
+MODELS = {
+    "decoder": Model("decoder", "decoder, float32, cache of 1024", "decoder_bench.model:decoder", 1024),
+    "decoder_2048": Model("decoder_2048", "decoder, float32, cache of 2048", "decoder_bench.model:decoder_2048", 2048),
+    "decoder_bf16": Model("decoder_bf16", "decoder, bfloat16, cache of 1024", "decoder_bench.model:decoder", 1024, "bfloat16"),
+}
+BASELINE = "decoder"  # its eager case is the "vs" of every ratio, and float32's tokens and logits
+
+EAGER, COMPILE_WARM, AOTI, LOADER = "eager", "torch.compile, warm cache", "AOTInductor", "load_compiled"
+CASES = [EAGER, COMPILE_WARM, AOTI, LOADER]
+COMPILER = ["torch._inductor", "torch._dynamo"]  # in sys.modules: the process paid for importing the compiler
+
+
+# One case in one fresh process: argv is the case and the spec (JSON). Prints one
+# JSON line: the measurements, or {"skipped": why}. "aoti setup" instead exports
+# and packages the model for the AOTInductor case. With spec["logits_file"], the
+# prompt's logits are saved there (torch.save, float32) for the accuracy table.
+CHILD = r"""
+import json, os, sys, time
+start = time.perf_counter()
+import importlib
+import torch
+
+case, spec = sys.argv[1], json.loads(sys.argv[2])
+torch.set_num_threads(int(os.environ["BENCH_THREADS"]))
+prompt = torch.randint(0, spec["vocab"], (1, spec["prompt"]), generator=torch.Generator().manual_seed(0))
+
+
+def eager_module():
+    module, function = spec["factory"].split(":")
+    model = getattr(importlib.import_module(module), function)()
+    return model.to(getattr(torch, spec["dtype"])) if spec["dtype"] else model
+
+
+def load():
+    if case == "eager":
+        return eager_module()
+    if case == "torch.compile, warm cache":
+        return torch.compile(eager_module(), dynamic=True)
+    if case == "AOTInductor":
+        return torch._inductor.aoti_load_package(spec["aoti_package"])
+    return importlib.import_module(spec["package"]).load_compiled(spec["key"])
+
+
+def aoti_setup():
+    model = eager_module()
+    seq = torch.export.Dim("seq", min=1, max=spec["max_len"])
+    exported = torch.export.export(
+        model, (prompt, torch.arange(spec["prompt"])), dynamic_shapes={"input_ids": {1: seq}, "cache_position": {0: seq}}
+    )
+    torch._inductor.aoti_compile_and_package(exported, package_path=spec["aoti_package"])
+
+
+if case == "aoti setup":
+    with torch.no_grad():
+        try:
+            aoti_setup()
+        except Exception as error:  # the case then reports itself skipped
+            print(json.dumps({"skipped": f"{type(error).__name__}: {error}"[:300]}))
+    sys.exit(0)
+if case == "AOTInductor" and not os.path.exists(spec["aoti_package"]):
+    print(json.dumps({"skipped": "the export or the compile failed at setup"}))
+    sys.exit(0)
+
+with torch.no_grad():
+    model = load()
+    logits = model(prompt, torch.arange(spec["prompt"]))
+    token = logits[:, -1].argmax(-1)
+    first = time.perf_counter() - start
+    imported = {name: name in sys.modules for name in spec["watched"]}
+    prompt_logits, tokens, steps = logits, [], []
+    for position in range(spec["prompt"], spec["prompt"] + spec["new_tokens"]):
+        tokens.append(int(token))
+        t = time.perf_counter()
+        token = model(token[:, None], torch.tensor([position]))[:, -1].argmax(-1)
+        steps.append(time.perf_counter() - t)
+    check = None
+    if case == "load_compiled":  # the handle's input checks alone, on a step's inputs
+        step_inputs, checks = (token[:, None], torch.tensor([position])), []
+        for _ in range(spec["new_tokens"]):
+            t = time.perf_counter()
+            model.check_inputs(*step_inputs)
+            checks.append(time.perf_counter() - t)
+        check = sorted(checks)[len(checks) // 2]
+    if spec.get("logits_file"):
+        torch.save(prompt_logits.float(), spec["logits_file"])
+import resource
+rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+step = sorted(steps)[len(steps) // 2]
+print(json.dumps({"first": first, "step": step, "first_step": steps[0], "check": check, "tokens": tokens, "rss": rss, "imported": imported}))
+"""
+
+
+def logits_file(scratch: Path, model: Model, case: str) -> Path:
+    return scratch / f"{model.key}-{case.split(',')[0].replace(' ', '-').replace('.', '-')}.pt"
+
+
+def run_child(case: str, model: Model, env: dict[str, str], args: argparse.Namespace, scratch: Path, save_logits: bool = False) -> dict:
+    spec = {
+        **asdict(model), "package": PACKAGE, "vocab": VOCAB, "prompt": args.prompt, "new_tokens": args.new_tokens,
+        "watched": COMPILER, "aoti_package": str(scratch / f"{model.key}.pt2"),
+    }
+    if save_logits:
+        spec["logits_file"] = str(logits_file(scratch, model, case))
+    try:
+        result = subprocess.run(
+            [sys.executable, "-c", CHILD, case, json.dumps(spec)],
+            env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired:
+        raise SystemExit(f"{model.key}, {case}: no result after {CHILD_TIMEOUT_S} s") from None
+    if result.returncode != 0:
+        raise SystemExit(f"{model.key}, {case} failed:\n{result.stderr[-3000:]}")
+    reports = [line for line in result.stdout.splitlines() if line.startswith("{")]
+    return json.loads(reports[-1]) if reports else {}
+
+
+class Environments:
+    """The child processes' environments: fresh caches per process but for
+    torch.compile's warm one, and no C++ compiler for AOTInductor and load_compiled."""
+
+    def __init__(self, scratch: Path, threads: int) -> None:
+        self.scratch = scratch
+        self.base = {**os.environ, "BENCH_THREADS": str(threads)}
+        self.base.pop("HATCH_PRECOMPILE_FORM", None)  # the loader's default form
+        traps = scratch / "traps"
+        traps.mkdir()
+        self.no_compiler = {
+            **self.base, "PATH": no_compiler_path(traps), "CXX": str(traps / "c++"), "CC": str(traps / "cc")
+        }
+
+    def for_case(self, case: str, model: Model) -> dict[str, str]:
+        if case == COMPILE_WARM:  # the setup's run filled it; every measured run reuses it
+            return {**self.base, "TORCHINDUCTOR_CACHE_DIR": str(self.scratch / f"{model.key}-warm-cache")}
+        env = self.no_compiler if case in (AOTI, LOADER) else self.base
+        folder = tempfile.mkdtemp(prefix="case-", dir=self.scratch)
+        return {**env, "TORCHINDUCTOR_CACHE_DIR": f"{folder}/inductor", "HATCH_PRECOMPILE_CACHE_DIR": f"{folder}/hp"}
+
+
+def interleaved_runs(models: list[Model], envs: Environments, args: argparse.Namespace) -> dict[str, dict[str, list]]:
+    """Every case of every model once per run, run after run, so that drifting load
+    hits every case alike. A case that reports itself skipped is not run again.
+    The first run saves each case's prompt logits."""
+    results: dict[str, dict[str, list]] = {m.key: {case: [] for case in CASES} for m in models}
+    for run in range(args.runs):
+        print(f"run {run + 1}/{args.runs}", file=sys.stderr, flush=True)
+        for model in models:
+            for case, runs in results[model.key].items():
+                if runs and "skipped" in runs[0]:
+                    continue
+                env = envs.for_case(case, model)
+                runs.append(run_child(case, model, env, args, envs.scratch, save_logits=run == 0))
+    return results
+
+
+def tokens_of(runs: list[dict]) -> list[int] | None:
+    """The case's new tokens, or None if its runs disagree (they should not)."""
+    first = runs[0]["tokens"]
+    return first if all(r["tokens"] == first for r in runs) else None
+
+
+def first_difference(tokens: list[int] | None, reference: list[int] | None) -> str:
+    if tokens is None or reference is None:
+        return "varies between runs"
+    for i, (a, b) in enumerate(zip(tokens, reference)):
+        if a != b:
+            return f"after {i} (token {i + 1} differs)"
+    return f"none in {len(tokens)}"
+
+
+def imported(runs: list[dict]) -> str:
+    answers = set()
+    for run in runs:
+        present = [m for m in COMPILER if run["imported"][m]]
+        answers.add("yes" if len(present) == len(COMPILER) else "no" if not present else ", ".join(present) + " only")
+    return answers.pop() if len(answers) == 1 else "mixed"
+
+
+def explain(model: Model) -> str:
+    """What load_compiled says it would load here (which CPU target): reads the manifest only."""
+    code = f"from {PACKAGE} import load_compiled; print(load_compiled.explain({model.key!r}))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    return result.stdout.strip() if result.returncode == 0 else f"explain failed: {result.stderr.strip()[-300:]}"
+
+
+def print_table(model: Model, results: dict[str, list[dict]], baseline: dict[str, list[dict]], args: argparse.Namespace) -> None:
+    print(f"### {model.title}: prompt {args.prompt}, {args.new_tokens} new tokens, batch 1, {args.threads} thread(s)\n")
+    print(f"load_compiled.explain(): {explain(model)}\n")
+    columns = ["case", "first token, s (min-max)", "vs eager fp32", "per token, ms (min-max)", "vs eager fp32",
+               "first step, ms", "peak RSS, MB", "compiler imported", "tokens = eager's"]
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
+    base_first = statistics.median(r["first"] for r in baseline[EAGER])
+    base_step = statistics.median(r["step"] for r in baseline[EAGER])
+    eager_tokens = tokens_of(results[EAGER])
+    skipped = {}
+    for case, runs in results.items():
+        if "skipped" in runs[0]:
+            skipped[case] = runs[0]["skipped"]
+            print(f"| {case} | n/a: {runs[0]['skipped'][:80].replace('|', '/')} |" + " |" * (len(columns) - 2))
+            continue
+        first = [r["first"] for r in runs]
+        step = [r["step"] * 1000 for r in runs]
+        tokens = tokens_of(runs)
+        same = "varies between runs" if tokens is None or eager_tokens is None else "yes" if tokens == eager_tokens else (
+            "no, " + first_difference(tokens, eager_tokens))
+        print(
+            f"| {case} | {spread(first, 2)} | {statistics.median(first) / base_first:.2f}x "
+            f"| {spread(step, 1)} | {statistics.median(step) / (base_step * 1000):.2f}x "
+            f"| {statistics.median(r['first_step'] * 1000 for r in runs):.0f} "
+            f"| {statistics.median(r['rss'] for r in runs):.0f} | {imported(runs)} | {same} |"
+        )
+    checks = [r["check"] * 1e6 for r in results[LOADER] if r.get("check") is not None]
+    if checks:
+        print(f"\nload_compiled input checks: {spread(checks, 1)} us per call, included in its per-token time above")
+    for case, reason in skipped.items():
+        print(f"\n{case}: n/a ({reason})")
+    print()
+
+
+def print_accuracy(models: list[Model], results: dict[str, dict[str, list]], scratch: Path) -> None:
+    """Every case's prompt logits and new tokens against float32 eager's (decoder)."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # this environment has no numpy; torch.load warns
+    import torch
+
+    reference_file = logits_file(scratch, MODELS[BASELINE], EAGER)
+    if BASELINE not in results or not reference_file.exists():
+        return
+    reference = torch.load(reference_file).double().flatten()
+    reference_tokens = tokens_of(results[BASELINE][EAGER])
+    print("### Accuracy: each case's prompt logits and new tokens against float32 eager's (decoder, cache of 1024)\n")
+    print("| model | case | relative error | cosine | first differing token |\n|---|---|---|---|---|")
+    for model in models:
+        for case, runs in results[model.key].items():
+            path = logits_file(scratch, model, case)
+            if "skipped" in runs[0] or not path.exists():
+                continue
+            output = torch.load(path).double().flatten()
+            error = ((output - reference).norm() / reference.norm()).item()
+            cosine = torch.nn.functional.cosine_similarity(output, reference, dim=0).item()
+            differs = first_difference(tokens_of(runs), reference_tokens)
+            print(f"| {model.key} | {case} | {error:.2e} | {cosine:.6f} | {differs} |")
+    print()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS),
+                        help="models to measure (default: all); decoder, every ratio's baseline, is always measured")
+    parser.add_argument("--runs", type=positive, default=5, help="fresh processes per case (default 5)")
+    parser.add_argument("--prompt", type=positive, default=128, help="prompt length in tokens (default 128)")
+    parser.add_argument("--new-tokens", type=positive, default=64, help="one-token steps after the prompt (default 64)")
+    parser.add_argument("--threads", type=positive, default=2, help="torch threads in every case (default 2)")
+    args = parser.parse_args()
+    models = [MODELS[key] for key in dict.fromkeys([BASELINE, *args.models])]  # float32 eager is every ratio's base
+    if any(args.prompt + args.new_tokens > m.max_len for m in models):
+        parser.error("the prompt and the new tokens must fit every model's cache (1024 positions)")
+
+    print(
+        f"torch {version('torch')}, Python {platform.python_version()}, {PACKAGE} {version('decoder-bench')}\n"
+        f"CPU: {cpu_model()} ({os.cpu_count()} logical CPUs visible), {args.threads} thread(s)\n"
+        f"batch 1, prompt {args.prompt}, {args.new_tokens} new tokens, {args.runs} fresh processes per case\n",
+        flush=True,
+    )
+    scratch = Path(tempfile.mkdtemp(prefix="bench-decode-"))
+    try:
+        envs = Environments(scratch, args.threads)
+        for model in models:  # setup: the AOTInductor package, torch.compile's warm cache
+            print(f"setup: {model.key}", file=sys.stderr, flush=True)
+            run_child("aoti setup", model, envs.for_case(EAGER, model), args, scratch)
+            run_child(COMPILE_WARM, model, envs.for_case(COMPILE_WARM, model), args, scratch)
+        results = interleaved_runs(models, envs, args)
+        for model in models:
+            print_table(model, results[model.key], results[BASELINE], args)
+        print_accuracy(models, results, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
