@@ -56,6 +56,21 @@ def slow_doubler():
 
 def not_a_module():
     return "a string"
+
+
+class Counter(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("calls", torch.zeros(1))
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x):
+        self.calls.add_(1)
+        return self.linear(x) * self.calls
+
+
+def counter():
+    return Counter()
 '''
 
 
@@ -141,6 +156,16 @@ def test_a_model_that_cannot_be_built_names_itself_and_the_cause(tmp_path: Path,
     status, output, scratch = build(make_project(tmp_path, MODEL.format(factory=factory)))
     assert status != 0
     assert expected in output, output[-3000:]
+    assert_left_nothing(scratch)
+
+
+def test_an_int8_model_with_state_is_refused_by_name(tmp_path: Path) -> None:
+    status, output, scratch = build(make_project(tmp_path, MODEL.format(factory="mypkg.models:counter") + 'quantize = "int8"\n'))
+    assert status != 0
+    assert (
+        "model 'm' failed while quantizing to int8: the model updates buffers (calls), and int8 graphs are compiled with "
+        "their buffers frozen in; build it in float32 or bfloat16"
+    ) in output, output[-3000:]
     assert_left_nothing(scratch)
 
 
