@@ -23,6 +23,7 @@ update allocates no cache-sized temporary.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -38,13 +39,12 @@ def mutated_buffers(exported: torch.export.ExportedProgram) -> list[str]:
 
 def state_written_back(exported: torch.export.ExportedProgram) -> torch.fx.GraphModule:
     """A copy of the decomposed export graph that writes each mutated buffer in
-    place and returns the user outputs only (see the module docstring)."""
-    import copy
-
-    graph_module = copy.deepcopy(exported.graph_module)
+    place and returns the user outputs only (see the module docstring); the
+    graph itself where the model updates no buffer."""
     signature = exported.graph_signature
     if not signature.buffers_to_mutate:
-        return graph_module
+        return exported.graph_module
+    graph_module = copy.deepcopy(exported.graph_module)
     graph = graph_module.graph
     placeholders = {node.name: node for node in graph.nodes if node.op == "placeholder"}
     buffer_placeholder = {s.target: placeholders[s.arg.name] for s in signature.input_specs if s.kind.name == "BUFFER"}
