@@ -308,3 +308,46 @@ def test_without_torchao_the_build_says_what_to_add(tmp_path: Path, monkeypatch:
         quantize(model, captured)
     assert str(caught.value).startswith("hatch-precompile: model 'm' failed while quantizing to int8: quantize = \"int8\" needs torchao in the build environment")
     assert 'add "hatch-precompile[int8]" (or "torchao>=0.18,<0.19") to [build-system] requires' in caught.value.message
+
+
+def test_a_dead_layer_is_left_out_of_the_graph_and_a_torchao_failure_names_the_layer(tmp_path: Path) -> None:
+    """A sentence embedder over BertModel computes the pooler and returns
+    something else. torchao's quantizer fails on that dead linear layer
+    (torch 2.13-2.15, torchao 0.18); the build's message names the layer and its
+    source line; capture leaves it out, and the quantizer then succeeds."""
+    import torch
+    from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
+    from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer
+
+    from hatch_precompile.worker.capture import without_dead_code
+    from hatch_precompile.worker.quantize import torchao_failure
+
+    models: dict = {}
+    exec(MODELS, models)
+    bert = models["encoder"]()
+    bert_with_pooler = type(bert)(bert.config).eval()  # add_pooling_layer defaults to True
+
+    class Embedder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bert = bert_with_pooler
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            hidden = self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            return hidden.mean(1)
+
+    ids = torch.randint(0, 100, (2, 16))
+    exported = torch.export.export(Embedder().eval(), (ids, torch.ones_like(ids)))
+    quantizer = x86_inductor_quantizer.X86InductorQuantizer()
+    quantizer.set_global(x86_inductor_quantizer.get_default_x86_inductor_quantization_config())
+    with pytest.raises(IndexError) as caught:  # if this stops failing, torchao handles dead layers itself
+        prepare_pt2e(exported.module(), quantizer)
+    message = torchao_failure("prepare_pt2e", caught.value)
+    assert message.startswith("torchao's prepare_pt2e failed at layer bert.pooler.dense (Linear), at modeling_bert.py:")
+    assert "pooled_output = self.dense(first_token_tensor): IndexError: list index out of range" in message
+    assert "What to try: leave that layer out of the module the factory returns" in message
+
+    cleaned = without_dead_code(exported)
+    layers = {stack[-1][0] for node in cleaned.graph.nodes if (stack := list(node.meta.get("nn_module_stack", {}).values()))}
+    assert "bert.encoder.layer.1.output.dense" in layers and not [layer for layer in layers if layer.startswith("bert.pooler")]
+    prepare_pt2e(cleaned.module(), quantizer)

@@ -245,7 +245,7 @@ def _export(model: ModelConfig, module: torch.nn.Module, fixed: dict[str, int]) 
         raise _ExportFailed(error, dynamic_shapes, args, kwargs, sizes) from None
     try:
         with torch.no_grad():
-            exported = decompose(undecomposed)
+            exported = decompose(without_dead_code(undecomposed))
     except Exception as error:
         # Some graphs (transformers' static-cache decoders on torch 2.13) decompose
         # only from the strict capture, which is also what their own export uses.
@@ -254,7 +254,7 @@ def _export(model: ModelConfig, module: torch.nn.Module, fixed: dict[str, int]) 
         try:
             with torch.no_grad():
                 undecomposed = torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes, strict=True)
-                exported = decompose(undecomposed)
+                exported = decompose(without_dead_code(undecomposed))
         except Exception as strict_error:
             failed.strict_error = strict_error
             raise failed from None
@@ -271,6 +271,19 @@ def _export(model: ModelConfig, module: torch.nn.Module, fixed: dict[str, int]) 
             leaf["below"] = bounds[name]
     undecomposed_kept = undecomposed if model.quantize else None
     return Captured(module, exported, args, kwargs, input_tree, leaves, undecomposed=undecomposed_kept, strict_because=strict_because)
+
+
+def without_dead_code(exported: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """`exported` with the computations no output needs taken out of its graph
+    (in place), such as BERT's pooler under a model that returns mean-pooled
+    hidden states. torch.export keeps them; torchao's quantizer fails on a dead
+    linear layer, and everything after capture would compile or quantize them for
+    nothing. fx keeps what has side effects (mutations, assertions); the weights
+    of a dead layer stay as unused inputs of the graph."""
+    graph_module = exported.graph_module
+    if graph_module.graph.eliminate_dead_code():
+        graph_module.recompile()
+    return exported
 
 
 def _describe_inputs(

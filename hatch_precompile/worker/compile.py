@@ -38,7 +38,7 @@ from .capture import Captured, _torch_error
 from .constants import ConstantsRefused, save_constants
 from .key import artifact_key, build_environment
 from .lean import LeanCandidate, LeanRefused, rewrite
-from .quantize import check_int8_kernels, int8_inductor_config
+from .quantize import check_int8_kernels, failing_layer, int8_inductor_config
 from .weights import lifted_weights
 
 CHECK_DIR = "lean-check"  # scratch: inputs and expected outputs for the fresh-process check
@@ -208,7 +208,8 @@ def _compile_frozen(
         try:
             frozen = torch_internals.compile_frozen(quantized, {**config, **int8_inductor_config()})
         except Exception as error:
-            raise ModelBuildError(model.name, _compiling(target), _torch_error(error)) from None
+            layer = failing_layer(error)
+            raise ModelBuildError(model.name, _compiling(target), _torch_error(error) + (f"\n(at layer {layer})" if layer else "")) from None
         with torch.no_grad():
             outputs = frozen.run(*flat)
         kernel_files = {key: path() for key, path in built.items()}

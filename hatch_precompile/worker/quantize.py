@@ -16,8 +16,11 @@ calls oneDNN ops that torch itself registers.
 
 from __future__ import annotations
 
+import itertools
+import re
 import traceback
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -49,7 +52,7 @@ def quantize(model: ModelConfig, captured: Captured) -> torch.fx.GraphModule:
     try:
         prepared = prepare_pt2e(captured.undecomposed.module(), quantizer)
     except Exception as error:
-        raise ModelBuildError(model.name, step, f"torchao's prepare_pt2e failed: {_torch_error(error)}") from None
+        raise ModelBuildError(model.name, step, torchao_failure("prepare_pt2e", error)) from None
     calibrating = f"calibrating with calibration = {model.calibration!r}" if model.calibration else "calibrating on the example inputs"
     with torch.no_grad():
         for index, (args, kwargs) in enumerate(calibration_batches(model, captured)):
@@ -57,7 +60,10 @@ def quantize(model: ModelConfig, captured: Captured) -> torch.fx.GraphModule:
                 prepared(*args, **kwargs)
             except Exception as error:
                 raise ModelBuildError(model.name, calibrating, f"batch {index}: the prepared module failed: {_torch_error(error)}") from None
-    converted = convert_pt2e(prepared)
+    try:
+        converted = convert_pt2e(prepared)
+    except Exception as error:
+        raise ModelBuildError(model.name, step, torchao_failure("convert_pt2e", error)) from None
     if not any(_is_quantized_layer(node) for node in converted.graph.nodes):
         raise ModelBuildError(
             model.name,
@@ -111,6 +117,49 @@ def calibration_batches(model: ModelConfig, captured: Captured) -> Iterable[tupl
         raise ModelBuildError(model.name, step, traceback.format_exc()) from None
     if count == 0:
         raise ModelBuildError(model.name, step, "it yielded no batch; yield at least one (args, kwargs) batch")
+
+
+def torchao_failure(call: str, error: BaseException) -> str:
+    """What the build says when torchao's `call` raised `error`: torchao's
+    message, the model's layer it was working on (where torchao's frames hold
+    one of the graph's nodes) and what the user can do about it."""
+    layer = failing_layer(error)
+    where = f" at layer {layer}" if layer else ""
+    return (
+        f"torchao's {call} failed{where}: {_torch_error(error)}\n"
+        "What to try: leave that layer out of the module the factory returns where the model can do without it "
+        "(for instance `model.pooler = None`), build this model without `quantize` (float32, or dtype = \"bfloat16\"), "
+        f"or report it to torchao with torch {torch.__version__} and torchao {_torchao_version()}"
+    )
+
+
+def failing_layer(error: BaseException) -> str:
+    """The model's layer behind the innermost graph node in the frames `error`
+    was raised through, as `path (class), at file:line: code`, or "" where no
+    frame holds a node that came from a module. Nodes keep the module path and
+    source line torch.export recorded for them (`nn_module_stack`, `stack_trace`)."""
+    frames = []
+    tb = error.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    for frame in reversed(frames):
+        for value in frame.f_locals.values():
+            if isinstance(value, torch.fx.Node) and value.meta.get("nn_module_stack"):
+                path, kind = list(value.meta["nn_module_stack"].values())[-1]
+                return f"{path or '(the model itself)'} ({str(kind).rpartition('.')[2]}){_source_line(value)}"
+    return ""
+
+
+def _source_line(node: torch.fx.Node) -> str:
+    """The innermost line of the model's (or its library's) code that made `node`, outside torch."""
+    torch_dir = str(Path(torch.__file__).parent)
+    lines = str(node.meta.get("stack_trace") or "").strip().splitlines()
+    for header, code in reversed(list(itertools.pairwise(lines))):
+        found = re.match(r'\s*File "(.+)", line (\d+), in', header)
+        if found and not found[1].startswith(torch_dir):
+            return f", at {Path(found[1]).name}:{found[2]}: {code.strip()}"
+    return ""
 
 
 def _is_quantized_layer(node: torch.fx.Node) -> bool:
