@@ -31,6 +31,7 @@ class Architecture:
     factory_name: str = ""  # the factory in models.py, when not the model's name
     dtype: str | None = None  # compiled in this precision; compared with the float32 module
     quantize: str | None = None  # "int8": quantized (PT2E) and compiled frozen; compared with the float32 module
+    calibration: str = ""  # an int8 model's calibration batches: their function in models.py ("": the example inputs)
 
     @property
     def factory(self) -> str:
@@ -39,6 +40,7 @@ class Architecture:
 
 TOKENS: Input = {"shape": ["batch", "seq"], "dtype": "int64", "range": [0, 100]}
 MASK: Input = {"shape": ["batch", "seq"], "dtype": "int64", "range": [0, 2]}
+SEGMENTS: Input = MASK  # token type ids: which of a sentence pair each token belongs to
 TEXT_DIMS = {"batch": (1, 4), "seq": (2, 32)}
 
 
@@ -79,6 +81,16 @@ ARCHITECTURES = [
     Architecture(
         "gpt2_int8", "int8 (PT2E)", "GPT2Model with its Conv1D layers made nn.Linear in the factory, quantized to int8",
         [TOKENS], TEXT_DIMS, {"attention_mask": MASK}, factory_name="gpt2_as_linear", quantize="int8",
+    ),
+    Architecture(
+        "embedder_int8", "int8 (PT2E)", "A sentence embedder: BertModel (its pooler unused), mean pooling, L2 norm, quantized to int8",
+        [TOKENS], TEXT_DIMS, {"attention_mask": MASK}, factory_name="sentence_embedder", quantize="int8",
+        calibration="sentences",
+    ),
+    Architecture(
+        "reranker_int8", "int8 (PT2E)", "A cross-encoder reranker: BertForSequenceClassification on a sentence pair, one logit, quantized to int8",
+        [TOKENS], TEXT_DIMS, {"attention_mask": MASK, "token_type_ids": SEGMENTS}, factory_name="reranker", quantize="int8",
+        calibration="sentence_pairs",
     ),
     Architecture("vit_int8", "int8 (PT2E)", "ViTModel, quantized to int8", [image(3, 32, 32)], {"batch": (1, 4)}, factory_name="vit", quantize="int8"),
     Architecture(
@@ -194,6 +206,8 @@ def table(architectures: list[Architecture], package: str) -> str:
             lines.append(f'dtype = "{a.dtype}"')
         if a.quantize:
             lines.append(f'quantize = "{a.quantize}"')
+        if a.calibration:
+            lines.append(f'calibration = "{package}.models:{a.calibration}"')
         if a.options:
             lines.append("options = { " + ", ".join(f"{k} = {str(v).lower()}" for k, v in a.options.items()) + " }")
         lines.append("dims = { " + ", ".join(f"{d} = {{ min = {lo}, max = {hi} }}" for d, (lo, hi) in a.dims.items()) + " }")

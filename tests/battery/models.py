@@ -72,6 +72,53 @@ def minilm():
     return BertModel(BertConfig(vocab_size=100, hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536, max_position_embeddings=64))
 
 
+class SentenceEmbedder(nn.Module):
+    """sentence-transformers' recipe over a BertModel: the mean of the last hidden
+    states over the real tokens, L2-normalised. The BertModel's pooler runs and
+    its output is never used."""
+
+    def __init__(self, bert):
+        super().__init__()
+        self.bert = bert
+
+    def forward(self, input_ids, attention_mask):
+        hidden = self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+        return nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9), dim=-1)
+
+
+@_seeded
+def sentence_embedder():
+    return SentenceEmbedder(bert())
+
+
+@_seeded
+def reranker():
+    """A cross-encoder: a sentence pair in one sequence (token type ids), one relevance logit."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    return BertForSequenceClassification(BertConfig(**TEXT, max_position_embeddings=64, num_labels=1))
+
+
+def sentences(pairs=False):
+    """Calibration for the int8 text models: batches of token ids of the battery's
+    every size (TEXT_DIMS), padded as a tokenizer pads sentences of several lengths;
+    with `pairs`, token type ids that mark the second sentence of each pair."""
+    generator = torch.Generator().manual_seed(1)
+    for batch, seq in [(1, 2), (2, 9), (4, 17), (3, 24), (4, 32), (2, 32)]:
+        lengths = torch.randint(2, seq + 1, (batch, 1), generator=generator)
+        lengths[0] = seq  # the longest sentence sets the padded length
+        mask = (torch.arange(seq) < lengths).long()
+        kwargs = {"attention_mask": mask}
+        if pairs:
+            kwargs["token_type_ids"] = ((torch.arange(seq) >= lengths // 2) & mask.bool()).long()
+        yield (torch.randint(0, 100, (batch, seq), generator=generator) * mask,), kwargs
+
+
+def sentence_pairs():
+    return sentences(pairs=True)
+
+
 # -- transformers: decoders (rotary embeddings, grouped-query attention) ------------
 
 DECODER = dict(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, use_cache=False)

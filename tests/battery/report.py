@@ -27,7 +27,10 @@ relative error and cosine similarity per output, within the build's default
 bounds (relative error at most 0.04, cosine at least 0.999); so are models
 quantized to int8 (`quantize = "int8"`, relative error at most 0.1, cosine at
 least 0.99), which load in the lean form only and are left out of the artifact
-form's comparison.
+form's comparison. The int8 text models with a dynamic sequence length (the
+sentence embedder and the reranker) calibrate on padded batches of several
+sizes across the declared range (`calibration`), the others on their example
+inputs.
 
 - **form**: what `load_compiled` runs: `lean` (inductor's output module and the
   shipped kernels, without importing the compiler) or `artifact`.
