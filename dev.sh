@@ -18,7 +18,7 @@ cd "$(dirname "$0")"
 PYTHON=${PYTHON:-python3}
 DEFAULT_TORCH=torch==2.13.0
 OTHER_RELEASES="2.14.1 2.15.0"  # the other supported releases, each tested by a leg
-BESIDE="tests/test_battery.py tests/test_build_cache.py tests/test_cpu_targets.py tests/test_int8.py tests/test_model_forms.py tests/test_state.py"  # `./dev.sh test` runs these in a second pytest process
+BESIDE="tests/test_battery.py tests/test_build_cache.py tests/test_cpu_targets.py tests/test_int8.py tests/test_int8_embedder.py tests/test_model_forms.py tests/test_state.py"  # `./dev.sh test` runs these in a second pytest process
 TORCH_REQUIREMENT=${TORCH_REQUIREMENT:-$DEFAULT_TORCH}
 
 venv_for() {  # venv_for <torch requirement>: its environment's folder
@@ -102,8 +102,8 @@ install_big_weights() {  # after install_example: adds big_weights (2.7 GB of ML
   "$DEMO/venv/bin/python" -m pip install --disable-pip-version-check -q "$DEMO"/dist/big_weights-*.whl
 }
 
-install_minilm() {  # after install_example: adds minilm (float32, bfloat16, int8) to $DEMO/venv
-  echo "== building the MiniLM-sized wheel (one BERT in float32, in bfloat16 and in int8)"
+install_minilm() {  # after install_example: adds minilm (float32, bfloat16, int8; the embedder in float32 and int8) to $DEMO/venv
+  echo "== building the MiniLM-sized wheel (one BERT in float32, in bfloat16 and in int8; a sentence embedder in float32 and int8)"
   build_example_wheel benchmarks/minilm
   "$DEMO/venv/bin/python" -m pip install --disable-pip-version-check -q "$DEMO"/dist/minilm-*.whl
 }
@@ -120,7 +120,7 @@ bench() {
   if [[ " $* " == *" mlp_"* ]]; then
     install_big_weights
   fi
-  if [[ " $* " == *" minilm"* ]]; then
+  if [[ " $* " == *" minilm"* || " $* " == *" embedder"* ]]; then
     install_minilm
   fi
   echo "== benchmark (several minutes: torch.compile runs cold once per run and model)"
