@@ -142,41 +142,31 @@ MODELS = {
         for key, width, size in (("mlp_537mb", 4096, "537 MB"), ("mlp_2gb", 8192, "2.1 GB"))
     },
 }
+MINILM = "BertModel the size of all-MiniLM-L6-v2"
+EMBEDDER = "sentence embedder over the MiniLM-sized BertModel, dynamic batch and sequence"
 MODELS.update(
     {
         key: Model(
             key=key,
-            title=f"BertModel the size of all-MiniLM-L6-v2, {precision} (benchmarks/minilm)",
+            title=f"{title}, {precision} (benchmarks/minilm)",
             package="minilm",
             name=key,
-            factory="minilm.model:minilm",
+            factory=f"minilm.model:{factory}",
             sequence=128,
             attention_mask=True,
             eager_loads_weights=False,
-            max_batch=16,
-            library="transformers",
-            output_module="transformers.modeling_outputs",
+            max_batch=16 if factory == "minilm" else 32,
+            library="transformers" if factory == "minilm" else None,  # the embedder returns a tensor
+            output_module="transformers.modeling_outputs" if factory == "minilm" else None,
             dtype=dtype,
         )
-        for key, dtype, precision in (("minilm", None, "float32"), ("minilm_bf16", "bfloat16", "bfloat16"), ("minilm_int8", None, "int8"))
-    }
-)
-MODELS.update(
-    {
-        key: Model(
-            key=key,
-            title=f"sentence embedder over the MiniLM-sized BertModel, dynamic batch and sequence, {precision} (benchmarks/minilm)",
-            package="minilm",
-            name=key,
-            factory="minilm.model:embedder",
-            sequence=128,
-            attention_mask=True,
-            eager_loads_weights=False,
-            max_batch=32,
-            library=None,
-            output_module=None,
+        for key, factory, title, dtype, precision in (
+            ("minilm", "minilm", MINILM, None, "float32"),
+            ("minilm_bf16", "minilm", MINILM, "bfloat16", "bfloat16"),
+            ("minilm_int8", "minilm", MINILM, None, "int8"),
+            ("embedder", "embedder", EMBEDDER, None, "float32"),
+            ("embedder_int8", "embedder", EMBEDDER, None, "int8"),
         )
-        for key, precision in (("embedder", "float32"), ("embedder_int8", "int8"))
     }
 )
 DEFAULT_MODELS = ["encoder", "bert"]
