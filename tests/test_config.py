@@ -254,7 +254,7 @@ def test_int8_quantization_parses_and_its_conflicts_are_named() -> None:
 
 
 def test_the_documented_keys_are_these() -> None:
-    assert {"package", "fallback", "cpu-targets", "jobs", "models.<name>"} == set(TABLE_KEYS)
+    assert {"package", "fallback", "cpu-targets", "jobs", "remote-cache", "remote-cache-mode", "models.<name>"} == set(TABLE_KEYS)
     assert set(MODEL_KEYS) == {
         "factory", "inputs", "kwargs", "example-inputs", "example-steps", "dims", "weights", "dtype",
         "options", "fallback", "cpu-targets", "accuracy", "outputs", "quantize", "calibration",

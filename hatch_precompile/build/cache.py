@@ -20,17 +20,20 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import io
 import json
 import os
 import shutil
+import tarfile
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..runtime._integrity import file_sha256
 from ..runtime._layout import KERNELS_DIR, kernel_file
-from ..runtime._schema import ArtifactEntry, BuiltWith
+from ..runtime._schema import ArtifactEntry
 
 ENTRY_FILE = "entry.json"
 
@@ -56,17 +59,14 @@ class EntryStore:
         None when there is no whole, undamaged entry under `key`."""
         folder = self._folder(key)
         try:
-            record = json.loads((folder / ENTRY_FILE).read_text(encoding="utf-8"))
-            files = record["sha256"]
-            if any(file_sha256(folder / name) != digest for name, digest in files.items()):
-                raise ValueError("a file does not match its recorded sha256")
+            record = _checked_record(folder, key)
         except FileNotFoundError:
             return None
         except (OSError, ValueError, KeyError, TypeError):
             if self.prune:
                 shutil.rmtree(folder, ignore_errors=True)  # damaged: the caller compiles and stores it again
             return None
-        for name in files:
+        for name in record["sha256"]:
             (model_dir / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(folder / name, model_dir / name)
         return record["entry"]
@@ -74,18 +74,48 @@ class EntryStore:
     def store(self, key: str, model_dir: Path, entry: ArtifactEntry) -> None:
         """Keep the artifact described by `entry` (its files read from `model_dir`)
         under `key`; atomic, and a no-op where an entry is already there."""
+
+        def fill(scratch: Path) -> None:
+            names = entry_files(entry)
+            for name in names:
+                (scratch / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(model_dir / name, scratch / name)
+            (scratch / ENTRY_FILE).write_bytes(self.record(key, entry, {name: scratch / name for name in names}))
+
+        self._place(key, fill)
+
+    def adopt(self, key: str, archive: bytes) -> str | None:
+        """Keep an entry that arrived as a tar (`remote.pack_entry`) under `key`,
+        once it is checked as `fetch` checks one; what is wrong with it, or None."""
+
+        def fill(scratch: Path) -> None:
+            with tarfile.open(fileobj=io.BytesIO(archive)) as members:
+                members.extractall(scratch, filter="data")  # no absolute paths, no "..", no links out
+            _checked_record(scratch, key)
+
+        try:
+            self._place(key, fill)
+        except (OSError, ValueError, KeyError, TypeError, tarfile.TarError) as error:
+            return f"{type(error).__name__}: {error}"
+        return None
+
+    @staticmethod
+    def record(key: str, entry: ArtifactEntry, files: dict[str, Path]) -> bytes:
+        """The entry's ENTRY_FILE: its key, its manifest entry, and each file's sha256."""
+        digests = {name: file_sha256(path) for name, path in files.items()}
+        return json.dumps({"key": key, "entry": entry, "sha256": digests}, indent=1).encode()
+
+    def _place(self, key: str, fill: Callable[[Path], None]) -> None:
+        """Run `fill` on a new scratch folder beside the entry's place and rename
+        it into place: a reader sees a whole entry or none. A no-op where an entry
+        is already there (another build put the same one there first)."""
         folder = self._folder(key)
         if folder.is_dir():
             return
         folder.parent.mkdir(parents=True, exist_ok=True)
         scratch = Path(tempfile.mkdtemp(prefix=".incoming-", dir=folder.parent))
         try:
-            digests = {}
-            for name in entry_files(entry):
-                (scratch / name).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(model_dir / name, scratch / name)
-                digests[name] = file_sha256(scratch / name)
-            (scratch / ENTRY_FILE).write_text(json.dumps({"entry": entry, "sha256": digests}, indent=1), encoding="utf-8")
+            fill(scratch)
             os.rename(scratch, folder)
         except OSError:
             if not folder.is_dir():
@@ -94,70 +124,15 @@ class EntryStore:
             shutil.rmtree(scratch, ignore_errors=True)
 
 
-class PartMismatch(ValueError):
-    """A part holds the artifact this build needs, compiled from something else."""
-
-
-@dataclass(frozen=True)
-class Claim:
-    """A part's artifact for one model: the key it was compiled under, where it lies."""
-
-    key: str
-    part: Path
-    built_with: dict[str, str]
-
-
-@dataclass(frozen=True)
-class ArtifactSources:
-    """Where a worker looks before compiling, and where it keeps what it made.
-
-    `claims` (artifact file -> Claim) are the parts given to the build for this
-    model: such an artifact must come from its part, since the part's machine may
-    be the only one that can compile it. Then the build cache, if any."""
-
-    claims: dict[str, Claim]
-    cache: EntryStore | None
-    keep: EntryStore | None  # the build cache, or the part being written
-
-    def fetch(self, key: str, file: str, model_dir: Path, built_with: BuiltWith) -> tuple[ArtifactEntry | None, str]:
-        """(entry, origin) with the files copied into `model_dir`, or (None, "")."""
-        claim = self.claims.get(file)
-        if claim is not None:
-            if claim.key != key:
-                raise PartMismatch(_mismatch(claim, file, built_with))
-            entry = EntryStore(claim.part, prune=False).fetch(key, model_dir)
-            if entry is None:
-                raise PartMismatch(f"part {claim.part}: the entry for {file} is missing or damaged (a file's sha256 differs); copy the part again or rebuild it")
-            return entry, f"part {claim.part}"
-        entry = self.cache.fetch(key, model_dir) if self.cache else None
-        return (entry, "cached") if entry is not None else (None, "")
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "claims": {f: {"key": c.key, "part": str(c.part), "built_with": c.built_with} for f, c in self.claims.items()},
-            "cache": str(self.cache.root) if self.cache else None,
-            "keep": str(self.keep.root) if self.keep else None,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ArtifactSources:
-        claims = {f: Claim(c["key"], Path(c["part"]), c["built_with"]) for f, c in data["claims"].items()}
-        return cls(
-            claims,
-            EntryStore(Path(data["cache"])) if data["cache"] else None,
-            EntryStore(Path(data["keep"])) if data["keep"] else None,
-        )
-
-
-def _mismatch(claim: Claim, file: str, built_with: BuiltWith) -> str:
-    differences = [f"{what} {claim.built_with.get(what)!r} there, {value!r} here" for what, value in built_with.items() if claim.built_with.get(what) != value]
-    why = (
-        "it was compiled in another environment: " + "; ".join(differences)
-        if differences
-        else "the model this build captured differs from the one the part compiled (its code, its example inputs' "
-        "shapes or dtypes, or the plugin changed since)"
-    )
-    return f"part {claim.part} holds {file}, but {why}; rebuild the part from this project and environment, or leave it out to compile {file} here"
+def _checked_record(folder: Path, key: str) -> dict[str, Any]:
+    """The folder's ENTRY_FILE, once every file it lists matches its sha256 and
+    the entry was stored under `key`; ValueError or OSError where not."""
+    record = json.loads((folder / ENTRY_FILE).read_text(encoding="utf-8"))
+    if record["key"] != key:
+        raise ValueError(f"it was stored under another key ({str(record['key'])[:12]})")
+    if any(file_sha256(folder / name) != digest for name, digest in record["sha256"].items()):
+        raise ValueError("a file does not match its recorded sha256")
+    return record
 
 
 @functools.cache

@@ -18,6 +18,7 @@ from ..runtime import OUTPUT_FORMS
 from ..runtime._manifest import CONFIG_TABLE
 from .options import flatten as flatten_options
 from .options import option_problems
+from .remote import url_problem
 from .targets import CPU_TARGETS, DEFAULT_CPU_TARGETS
 
 TABLE = ".".join(CONFIG_TABLE)
@@ -33,6 +34,7 @@ CPU_TARGET_NAMES = tuple(CPU_TARGETS)
 WEIGHTS = ("embed", "factory")
 MODULE_DTYPES = ("float32", "bfloat16", "float16")
 QUANTIZATIONS = ("int8",)
+REMOTE_CACHE_MODES = ("read-write", "read-only")
 
 @dataclass(frozen=True)
 class KeyDoc:
@@ -59,6 +61,17 @@ TABLE_KEYS = {
         "by the machine",
         "models compiled at once; `HATCH_PRECOMPILE_JOBS` overrides it (see [Builds that "
         "scale](builds.md#builds-that-scale-cache-parallel-workers-parts))",
+    ),
+    "remote-cache": KeyDoc(
+        "`redis://`, `rediss://` or `s3://` URL",
+        "none",
+        "a build cache shared by machines, behind the local one; no password here; `HATCH_PRECOMPILE_REMOTE_CACHE` "
+        "overrides it (see [the remote build cache](builds.md#a-remote-build-cache-redis-or-s3))",
+    ),
+    "remote-cache-mode": KeyDoc(
+        "`\"read-write\"` \\| `\"read-only\"`",
+        "`\"read-write\"`",
+        "`\"read-only\"`: take entries from the remote store, never write one; `HATCH_PRECOMPILE_REMOTE_CACHE_MODE` overrides it",
     ),
     "models.<name>": KeyDoc("table", "(required, one or more)", "one model; `<name>` is a Python identifier"),
 }
@@ -287,6 +300,8 @@ class PrecompileConfig:
     cpu_targets: tuple[str, ...]
     models: dict[str, ModelConfig]
     jobs: int | None = None  # compile workers at once; None: by cores and memory
+    remote_cache: str | None = None  # the shared store's URL (never with a password: that comes from the environment)
+    remote_cache_mode: str = "read-write"
 
 
 def _input_json(spec: TensorInput) -> dict[str, Any]:
@@ -376,6 +391,10 @@ def parse_config(raw: dict[str, Any]) -> PrecompileConfig:
     fallback = check.choice(raw.get("fallback", "eager"), f"{TABLE}.fallback", FALLBACKS) or "eager"
     cpu_targets = _parse_cpu_targets(check, raw.get("cpu-targets", list(DEFAULT_CPU_TARGETS)), f"{TABLE}.cpu-targets")
     jobs = check.integer(raw["jobs"], f"{TABLE}.jobs", 1) if "jobs" in raw else None
+    remote_cache = check.string(raw["remote-cache"], f"{TABLE}.remote-cache") if "remote-cache" in raw else None
+    if remote_cache is not None and (problem := url_problem(remote_cache, from_table=True)):
+        check.fail(f"{TABLE}.remote-cache", problem)
+    remote_cache_mode = check.choice(raw.get("remote-cache-mode", "read-write"), f"{TABLE}.remote-cache-mode", REMOTE_CACHE_MODES) or "read-write"
 
     models: dict[str, ModelConfig] = {}
     raw_models = check.table(raw.get("models", {}), f"{TABLE}.models")
@@ -393,7 +412,10 @@ def parse_config(raw: dict[str, Any]) -> PrecompileConfig:
 
     if check.problems:
         raise ConfigError(check.problems)
-    return PrecompileConfig(package=package, fallback=fallback, cpu_targets=cpu_targets, models=models, jobs=jobs)
+    return PrecompileConfig(
+        package=package, fallback=fallback, cpu_targets=cpu_targets, models=models, jobs=jobs,
+        remote_cache=remote_cache, remote_cache_mode=remote_cache_mode,
+    )
 
 
 def _parse_model(

@@ -25,10 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .cache import ArtifactSources, Claim, EntryStore
+from .cache import EntryStore
 from .config import ModelConfig
 from .errors import ModelBuildError
 from .protocol import PROGRESS_PREFIX, RESULT_FILE, BuiltModel, WorkerFailure, WorkerRequest, read_result
+from .remote import RemoteSettings
+from .sources import ArtifactSources, Claim
 
 # Memory to allow one worker (capture, inductor, the checks). Measured peaks:
 # 0.4 GB for the build benchmark's small models, 0.94 GB for the transformers
@@ -47,6 +49,7 @@ class BuildPlan:
     cache: EntryStore | None  # the build cache to read, None when off
     keep: EntryStore | None  # where new artifacts are kept: the build cache, or a part
     claims: dict[str, dict[str, Claim]]  # per model, the artifacts given as parts
+    remote: RemoteSettings | None = None  # the shared store behind the build cache, if any
 
     @property
     def compiler_outputs(self) -> Path:
@@ -72,6 +75,14 @@ def compile_models(
     """Build every model, in at most `plan.jobs` workers; entries by model name."""
     workers = _Workers()
     lock = threading.Lock()
+    said: set[str] = set()  # the build-wide notices shown so far (a store that is down, ...)
+
+    def once(line: str) -> bool:
+        """Whether `line` is new to this build (then it is shown)."""
+        with lock:
+            new = line not in said
+            said.add(line)
+            return new
 
     def locked(report: Callable[[str], None]) -> Callable[[str], None]:
         def report_line(line: str) -> None:
@@ -85,7 +96,7 @@ def compile_models(
     groups = [models[index::count] for index in range(count)]
     results: dict[str, BuiltModel] = {}
     with ThreadPoolExecutor(max_workers=count, thread_name_prefix="precompile") as pool:
-        futures = [pool.submit(_run_worker, index, group, count, plan, workers, say, done) for index, group in enumerate(groups)]
+        futures = [pool.submit(_run_worker, index, group, count, plan, workers, say, done, once) for index, group in enumerate(groups)]
         try:
             for future in as_completed(futures):
                 results.update(future.result())
@@ -104,13 +115,14 @@ def _run_worker(
     workers: _Workers,
     say: Callable[[str], None],
     done: Callable[[str], None],
+    once: Callable[[str], bool],
 ) -> dict[str, BuiltModel]:
     """One worker building `models` in turn; their results by name, or the first failure raised."""
     requests = []
     for model in models:
         out_dir = plan.staging / model.name
         out_dir.mkdir()
-        sources = ArtifactSources(plan.claims.get(model.name, {}), plan.cache, plan.keep)
+        sources = ArtifactSources(plan.claims.get(model.name, {}), plan.cache, plan.keep, plan.remote)
         request = plan.staging / f"{model.name}.request.json"
         WorkerRequest(model, out_dir, plan.import_paths, sources, plan.compiler_outputs).write(request)
         requests.append(str(request))
@@ -126,7 +138,10 @@ def _run_worker(
                 if line.startswith(PROGRESS_PREFIX):
                     step = json.loads(line[len(PROGRESS_PREFIX) :])
                     timing = "" if step["seconds"] is None else f" ({step['seconds']:.1f} s)"
-                    say(f"precompile: {step['model']}: {step['step']}{timing}")
+                    if not step["once"]:
+                        say(f"precompile: {step['model']}: {step['step']}{timing}")
+                    elif once(step["step"]):
+                        say(f"precompile: {step['step']}")
                 else:
                     log.write(line)
             worker.wait()

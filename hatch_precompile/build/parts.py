@@ -22,10 +22,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .cache import Claim, plugin_fingerprint
+from .cache import plugin_fingerprint
 from .config import TABLE, ConfigError, ModelConfig, PrecompileConfig
 from .protocol import BuiltModel
 from .settings import PARTS_VARIABLE
+from .sources import Claim
 
 PART_FILE = "part.json"
 PART_FORMAT = 1

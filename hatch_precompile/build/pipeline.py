@@ -25,6 +25,7 @@ from .jobs import BuildPlan, compile_models, default_jobs
 from .parts import choose, read_parts, write_part_file
 from .project import find_package, import_paths, read_table, write_source_loader
 from .protocol import BuiltModel
+from .remote import RemoteSettings, RemoteUnavailable, Traffic, open_client, unavailable_message
 from .settings import resolve_settings
 
 
@@ -94,10 +95,12 @@ def precompile(root: Path, config: PrecompileConfig, package: str, package_dir: 
         cache=cache,
         keep=cache,
         claims=claims,
+        remote=_reachable(settings.remote, report),
     )
     started = time.perf_counter()
     compiled = compile_models(list(config.models.values()), plan, report.info, report.success)
     report.info(f"precompile: {len(compiled)} model(s) in {time.perf_counter() - started:.1f} s ({_origins(compiled)})")
+    _report_traffic(plan.remote, compiled, report)
     entries = {name: model.entry for name, model in compiled.items()}
     files = assemble(staging, package, entries)
     artifacts = [a for entry in entries.values() for a in entry["artifacts"]]
@@ -134,6 +137,7 @@ def compile_part(
             cache=_entry_store(settings.cache),
             keep=EntryStore(out),
             claims={},
+            remote=_reachable(settings.remote, report),
         )
         compiled = compile_models(chosen, plan, say, say)
         write_part_file(out, config, compiled)
@@ -149,7 +153,32 @@ def _entry_store(folder: Path | None) -> EntryStore | None:
     return EntryStore(folder) if folder else None
 
 
+def _reachable(remote: RemoteSettings | None, report: Reporter) -> RemoteSettings | None:
+    """The remote store if it answers now (a store that is down is said once, here,
+    and the build goes on without it); None without one."""
+    if remote is None:
+        return None
+    try:
+        open_client(remote).ping()
+    except RemoteUnavailable as error:
+        report.warning(f"precompile: {unavailable_message(remote, str(error))}")
+        return None
+    mode = "read-only: takes entries, writes none" if remote.read_only else "read-write"
+    report.info(f"precompile: remote cache {remote.address} ({mode})")
+    return remote
+
+
+def _report_traffic(remote: RemoteSettings | None, compiled: dict[str, BuiltModel], report: Reporter) -> None:
+    """One line on what the remote store gave and took."""
+    if remote is None:
+        return
+    total = Traffic()
+    for model in compiled.values():
+        total.add(model.traffic)
+    report.info(f"precompile: remote cache {remote.address}: {total.summary()}")
+
+
 def _origins(compiled: dict[str, BuiltModel]) -> str:
     """How many artifacts were compiled, cached or taken from parts: '2 compiled, 1 cached'."""
     counts = Counter(origin.split()[0] for model in compiled.values() for origin in model.origins.values())
-    return ", ".join(f"{n} {'from parts' if kind == 'part' else kind}" for kind, n in sorted(counts.items()))
+    return ", ".join(f"{n} {'from parts' if kind == 'part' else 'from the remote cache' if kind == 'remote' else kind}" for kind, n in sorted(counts.items()))

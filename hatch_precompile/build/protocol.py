@@ -4,8 +4,9 @@ The build (`jobs`) writes a `WorkerRequest` per model and starts
 `python -m hatch_precompile.worker REQUEST.json ...` with the requests of the
 models that worker builds, in order. The worker prints one line per finished
 step on stdout, `PROGRESS_PREFIX` followed by JSON {"model": str, "step": str,
-"seconds": float | None} (anything else there, or on stderr, is torch's
-chatter), and writes each model's out_dir/RESULT_FILE: a `BuiltModel`, or a
+"seconds": float | None, "once": bool} ("once": a notice about the build as a
+whole, such as the remote store being down, shown once whichever worker says it;
+anything else there, or on stderr, is torch's chatter), and writes each model's out_dir/RESULT_FILE: a `BuiltModel`, or a
 `WorkerFailure` for the first model that failed, after which it stops (later
 models get no result). It exits 0 only when every model has a `BuiltModel`. JSON is the wire format only: each side reads it back
 into these classes at once.
@@ -14,13 +15,14 @@ into these classes at once.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..runtime._schema import ModelEntry
-from .cache import ArtifactSources
 from .config import ModelConfig
+from .remote import Traffic
+from .sources import ArtifactSources
 
 PROGRESS_PREFIX = "@hatch-precompile-progress "
 RESULT_FILE = "result.json"
@@ -64,8 +66,9 @@ class BuiltModel:
 
     entry: ModelEntry  # the model's manifest entry; its files lie in the staging folder's `<model>/`
     keys: dict[str, str]  # artifact file -> cache key
-    origins: dict[str, str]  # artifact file -> "compiled", "cached" or "part <folder>"
+    origins: dict[str, str]  # artifact file -> "compiled", "cached", "remote <store>" or "part <folder>"
     seconds: float  # the worker's time on this model (imports and the shared lean check aside)
+    traffic: Traffic = field(default_factory=Traffic)  # what moved through the remote store
 
 
 @dataclass(frozen=True)
@@ -79,7 +82,7 @@ class WorkerFailure:
 def write_result(out_dir: Path, result: BuiltModel | WorkerFailure) -> None:
     data: dict[str, Any]
     if isinstance(result, BuiltModel):
-        data = {"entry": result.entry, "keys": result.keys, "origins": result.origins, "seconds": result.seconds}
+        data = {"entry": result.entry, "keys": result.keys, "origins": result.origins, "seconds": result.seconds, "traffic": result.traffic.to_json()}
     else:
         data = {"error": {"step": result.step, "message": result.message}}
     (out_dir / RESULT_FILE).write_text(json.dumps(data), encoding="utf-8")
@@ -93,4 +96,4 @@ def read_result(out_dir: Path) -> BuiltModel | WorkerFailure | None:
     data = json.loads(path.read_text(encoding="utf-8"))
     if "error" in data:
         return WorkerFailure(data["error"]["step"], data["error"]["message"])
-    return BuiltModel(data["entry"], data["keys"], data["origins"], data["seconds"])
+    return BuiltModel(data["entry"], data["keys"], data["origins"], data["seconds"], Traffic.from_json(data["traffic"]))

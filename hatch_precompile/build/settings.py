@@ -9,6 +9,8 @@ machine or the user's cache folder.
 |---|---|---|---|---|
 | workers | `jobs` | `HATCH_PRECOMPILE_JOBS` | `--jobs` | by cores and memory (`jobs.default_jobs`) |
 | build cache | | `HATCH_PRECOMPILE_BUILD_CACHE` (a folder, or `off`) | | `$XDG_CACHE_HOME/hatch-precompile/build` |
+| remote build cache | `remote-cache` | `HATCH_PRECOMPILE_REMOTE_CACHE` (a URL, or `off`) | | none |
+| its mode | `remote-cache-mode` | `HATCH_PRECOMPILE_REMOTE_CACHE_MODE` | | `read-write` |
 | parts | | `HATCH_PRECOMPILE_PARTS` (folders, `os.pathsep`-separated) | | none |
 | CPU targets | `cpu-targets` (table, then model) | | `--cpu-targets` (`parts.choose`) | `avx2` |
 
@@ -23,11 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..runtime._cache import user_cache_root
-from .config import ConfigError, PrecompileConfig
+from .config import REMOTE_CACHE_MODES, ConfigError, PrecompileConfig
+from .remote import RemoteSettings, url_problem
 
 JOBS_VARIABLE = "HATCH_PRECOMPILE_JOBS"
 CACHE_VARIABLE = "HATCH_PRECOMPILE_BUILD_CACHE"  # a folder, or "off"
 PARTS_VARIABLE = "HATCH_PRECOMPILE_PARTS"
+REMOTE_VARIABLE = "HATCH_PRECOMPILE_REMOTE_CACHE"  # a redis://, rediss:// or s3:// URL, or "off"
+REMOTE_MODE_VARIABLE = "HATCH_PRECOMPILE_REMOTE_CACHE_MODE"  # "read-write" or "read-only"
 
 
 @dataclass(frozen=True)
@@ -35,11 +40,12 @@ class BuildSettings:
     jobs: int | None  # workers at once; None: by the machine, for the number of models built
     cache: Path | None  # the build cache's folder; None: off
     parts: tuple[Path, ...]  # part folders whose artifacts stand in for compiles
+    remote: RemoteSettings | None = None  # the shared store behind the build cache; None: none
 
 
 def resolve_settings(config: PrecompileConfig, *, jobs: int | None = None, environ: Mapping[str, str] = os.environ) -> BuildSettings:
     """The settings for a build of `config`, with `jobs` from the command line (or None)."""
-    return BuildSettings(jobs=jobs or _jobs(config, environ), cache=_cache(environ), parts=_parts(environ))
+    return BuildSettings(jobs=jobs or _jobs(config, environ), cache=_cache(environ), parts=_parts(environ), remote=_remote(config, environ))
 
 
 def _jobs(config: PrecompileConfig, environ: Mapping[str, str]) -> int | None:
@@ -61,3 +67,15 @@ def _cache(environ: Mapping[str, str]) -> Path | None:
 def _parts(environ: Mapping[str, str]) -> tuple[Path, ...]:
     value = environ.get(PARTS_VARIABLE, "")
     return tuple(Path(folder).expanduser() for folder in value.split(os.pathsep) if folder.strip())
+
+
+def _remote(config: PrecompileConfig, environ: Mapping[str, str]) -> RemoteSettings | None:
+    url = environ.get(REMOTE_VARIABLE, config.remote_cache or "").strip()
+    if not url or url.lower() == "off":
+        return None
+    if problem := url_problem(url, from_table=False):
+        raise ConfigError([f"{REMOTE_VARIABLE}: {problem}"])
+    mode = environ.get(REMOTE_MODE_VARIABLE, config.remote_cache_mode).strip().lower()
+    if mode not in REMOTE_CACHE_MODES:
+        raise ConfigError([f"{REMOTE_MODE_VARIABLE}: expected one of {', '.join(map(repr, REMOTE_CACHE_MODES))}, found {mode!r}"])
+    return RemoteSettings(url, read_only=mode == "read-only")

@@ -3,6 +3,7 @@
     init PACKAGE_DIR      write the loader into a source tree (builds do it themselves)
     compile-part          compile some models and CPU targets into a part folder
     check [PROJECT_DIR]   validate the precompile configuration, without building
+    check-cache [PROJECT_DIR]  where builds keep and find artifacts; try the remote store
     inspect WHEEL         what a built wheel ships: models, artifacts, targets, forms, sizes
     verify WHEEL          check a wheel's files; say what each model would load here
 
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ._common import ERROR, CommandError
-from .project import check, compile_part_command, init
+from .project import check, check_cache, compile_part_command, init
 from .wheel import inspect, verify
 
 
@@ -39,6 +40,7 @@ WHEEL = _argument("wheel", metavar="WHEEL", type=Path, help="a wheel built with 
 COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], list[tuple[tuple[str, ...], dict[str, Any]]]]] = {
     "init": (init, [_argument("package_dir", metavar="PACKAGE_DIR", type=Path, help="the import package's folder, e.g. src/my_pkg")]),
     "check": (check, [_argument("project_dir", metavar="PROJECT_DIR", nargs="?", type=Path, default=Path("."), help="the project's folder (default: .)"), JSON]),
+    "check-cache": (check_cache, [_argument("project_dir", metavar="PROJECT_DIR", nargs="?", type=Path, default=Path("."), help="the project's folder (default: .)")]),
     "compile-part": (
         compile_part_command,
         [

@@ -104,6 +104,45 @@ def check(args: argparse.Namespace) -> int:
     return FAILED if problems else OK
 
 
+def check_cache(args: argparse.Namespace) -> int:
+    """Say where PROJECT_DIR's builds keep and find compiled artifacts, and try the remote store.
+
+    Resolves the build cache settings as a build would (the table, then the
+    environment: HATCH_PRECOMPILE_BUILD_CACHE, HATCH_PRECOMPILE_REMOTE_CACHE,
+    HATCH_PRECOMPILE_REMOTE_CACHE_MODE), then reaches the remote store, if any,
+    and uses it as a build would: in read-write mode it writes a small probe
+    object (hatch-precompile/build/probe) and reads it back; read-only, it only
+    reads. Passwords are never printed. Run it in CI before the build to fail
+    early on a store that a build would only warn about and do without.
+
+    exit status: 0 the store answers (or none is configured); 1 it does not;
+    2 the configuration is wrong.
+    """
+    from ..build.config import ConfigError, parse_config
+    from ..build.project import read_table
+    from ..build.remote import RemoteUnavailable, check_store
+    from ..build.settings import resolve_settings
+
+    if not (args.project_dir / "pyproject.toml").is_file():
+        raise CommandError(f"{args.project_dir / 'pyproject.toml'}: no such file; PROJECT_DIR must be the project's folder")
+    try:
+        settings = resolve_settings(parse_config(read_table(args.project_dir)))
+    except ConfigError as error:
+        raise CommandError(str(error).replace("\n", " ")) from None
+    print(f"build cache: {settings.cache or 'off'}")
+    if settings.remote is None:
+        print("remote cache: none (set remote-cache in the table or HATCH_PRECOMPILE_REMOTE_CACHE)")
+        return OK
+    mode = "read-only" if settings.remote.read_only else "read-write"
+    try:
+        done = check_store(settings.remote)
+    except RemoteUnavailable as error:
+        print(f"remote cache: {settings.remote.address} ({mode}): unavailable: {error}")
+        return FAILED
+    print(f"remote cache: {settings.remote.address} ({mode}): OK, {done}")
+    return OK
+
+
 def _read_project(pyproject: Path) -> tuple[Any, list[str], list[str]]:
     """(the parsed configuration or None, problems, warnings)."""
     from ..build.config import TABLE, ConfigError, parse_config

@@ -22,10 +22,10 @@ from typing import Any
 
 import torch
 
-from ..build.cache import ArtifactSources, PartMismatch
 from ..build.config import ModelConfig
 from ..build.errors import ModelBuildError
 from ..build.native import UnprovidedLibraryError, read_needs, system_needs, torch_libraries
+from ..build.sources import ArtifactSources, PartMismatch
 from ..build.targets import CPU_TARGETS, CpuTarget, features_from_flags, host_target, is_x86_64
 from ..runtime import _torch_private
 from ..runtime._constants import rebuild_constants

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..build.protocol import PROGRESS_PREFIX, BuiltModel, WorkerFailure, WorkerRequest, write_result
+from ..build.remote import Traffic, remote_cache
 from ..runtime._schema import WeightsEntry
 
 if TYPE_CHECKING:
@@ -38,9 +39,16 @@ def _step(model: str, description: str) -> Iterator[None]:
     _report(model, description, time.perf_counter() - start)
 
 
-def _report(model: str, description: str, seconds: float | None = None) -> None:
-    step = {"model": model, "step": description, "seconds": None if seconds is None else round(seconds, 2)}
+def _report(model: str, description: str, seconds: float | None = None, *, once: bool = False) -> None:
+    step = {"model": model, "step": description, "seconds": None if seconds is None else round(seconds, 2), "once": once}
     print(PROGRESS_PREFIX + json.dumps(step), flush=True)
+
+
+def _report_remote(request: WorkerRequest) -> None:
+    """What the remote store has to say (down, a damaged entry): once per build, whichever worker says it."""
+    if request.sources.remote is not None:
+        for notice in remote_cache(request.sources.remote).take_notices():
+            _report(request.model.name, notice, once=True)
 
 
 @dataclass
@@ -126,6 +134,7 @@ def _compile(request: WorkerRequest) -> _Compiled:
             variant_started = time.perf_counter()
             artifact = produce_artifact(model, captured, fixed, target, out_dir, request.sources, quantized)
             produced.append(artifact)
+            _report_remote(request)
             checked = accuracy_summary(artifact.entry["accuracy"]) if artifact.checked_here else f"not run here: this CPU lacks {target.name} (checked where the part was built)"
             source = "compiled" if artifact.origin == "compiled" else f"{artifact.origin}: {artifact.entry['file']}"
             _report(model.name, f"{target.name} ({shape}): {source}, {checked}", time.perf_counter() - variant_started)
@@ -142,18 +151,19 @@ def _finish(model: _Compiled) -> BuiltModel:
     request = model.request
     shutil.rmtree(request.out_dir / CHECK_DIR, ignore_errors=True)
     for artifact in model.produced:
-        if request.sources.keep is not None:
-            request.sources.keep.store(artifact.key, request.out_dir, artifact.entry)
+        request.sources.store(artifact.key, request.out_dir, artifact.entry, artifact.origin)
         lean = artifact.entry["lean"]
         form = "lean form" if "file" in lean else f"artifact form only, lean form refused: {lean['refused']}"
         if "constants" in artifact.entry:
             form = f"int8, lean form only ({lean['file']})"
         _report(request.model.name, f"{artifact.entry['file']}: {form}")
+    _report_remote(request)
     return BuiltModel(
         model_entry(request.model, model.captured, model.weights, model.op_libraries, [a.entry for a in model.produced]),
         {a.entry["file"]: a.key for a in model.produced},
         {a.entry["file"]: a.origin for a in model.produced},
         round(model.seconds, 2),
+        remote_cache(request.sources.remote).take_traffic() if request.sources.remote else Traffic(),
     )
 
 
