@@ -154,7 +154,19 @@ lint() {  # ruff over the repository, mypy over the plugin and the loader (pypro
 
 test_suite() {
   setup
+  redis_server
   "$VENV/bin/python" -m pytest "$@"
+}
+
+redis_server() {  # the remote build cache's tests start real Redis servers (Debian's redis-server);
+  # the S3-compatible one (moto) comes with the test extra
+  command -v redis-server >/dev/null && return 0
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "== installing redis-server (Debian's package) for tests/test_remote_cache.py"
+    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+  else
+    echo "tests/test_remote_cache.py needs redis-server: install it (Debian: apt-get install redis-server)" >&2
+  fi
 }
 
 leg() {  # leg <release> [pytest args]: the release-marked tests under torch==<release>, in
@@ -177,6 +189,7 @@ case "${1:-}" in
       test_suite "$@"
     else
       setup
+      redis_server
       lint
       # The release legs run beside the default suite, which leaves a core idle
       # much of the time (installs, fresh interpreters, one-worker builds): one
