@@ -18,7 +18,6 @@ cd "$(dirname "$0")"
 PYTHON=${PYTHON:-python3}
 DEFAULT_TORCH=torch==2.13.0
 OTHER_RELEASES="2.14.1 2.15.0"  # the other supported releases, each tested by a leg
-BESIDE="tests/test_battery.py tests/test_build_cache.py tests/test_cpu_targets.py tests/test_int8.py tests/test_int8_embedder.py tests/test_model_forms.py tests/test_state.py"  # `./dev.sh test` runs these in a second pytest process
 TORCH_REQUIREMENT=${TORCH_REQUIREMENT:-$DEFAULT_TORCH}
 
 venv_for() {  # venv_for <torch requirement>: its environment's folder
@@ -142,6 +141,7 @@ bench_decode() {
 
 bench_build() {
   setup
+  redis_server  # for --remote redis
   echo "== build-time benchmark (a three-model project built cold, in parallel, cached, changed, from parts)"
   "$VENV/bin/python" benchmarks/build_time.py "$@"
 }
@@ -206,18 +206,17 @@ case "${1:-}" in
       ) &
       legs=$!
       # The architecture battery and the tests that build projects of their own
-      # (no session fixture shared with the rest) too, in a second pytest process:
+      # (no session fixture shared with the rest: marked standalone) too, in a second pytest process:
       # with them the rest of the suite was the longest of the three (28 of 28.5
       # minutes, the last 14 of them alone on the machine).
-      "$VENV/bin/python" -m pytest -p no:cacheprovider --durations=10 --basetemp "$(mktemp -d)/pytest" $BESIDE >.beside.log 2>&1 &
+      "$VENV/bin/python" -m pytest -p no:cacheprovider -m standalone --durations=10 --basetemp "$(mktemp -d)/pytest" >.beside.log 2>&1 &
       beside=$!
       suite=0
-      # shellcheck disable=SC2086  # one --ignore per file
-      test_suite --durations=25 ${BESIDE//tests\//--ignore=tests/} || suite=$?  # the slowest tests, to keep CI's time in view
+      test_suite -m "not standalone" --durations=25 || suite=$?  # the slowest tests, to keep CI's time in view
       legs_status=0 beside_status=0
       wait "$beside" || beside_status=$?
       wait "$legs" || legs_status=$?
-      echo "== $BESIDE (from .beside.log)"
+      echo "== the standalone-marked tests (from .beside.log)"
       tail -n 40 .beside.log
       for release in $OTHER_RELEASES; do
         echo "== release leg: torch==$release (from .leg-$release.log)"

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).parent / "battery"))
 from architectures import ARCHITECTURES, OPTIONS, Architecture, sizes, table
 from report import STATE_SECTION, render, summary_rows
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.standalone]
 
 MODELS = (Path(__file__).parent / "battery" / "models.py").read_text()
 DOCS = REPO / "docs" / "battery.md"

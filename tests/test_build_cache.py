@@ -21,7 +21,7 @@ from hatch_precompile.build.assemble import RUNTIME_FILES
 
 from conftest import run, write_project
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.standalone]
 
 MODELS = '''
 import torch

@@ -16,7 +16,7 @@ import torch
 
 from conftest import Venv, build_wheel, make_venv, no_compiler_env, reseal, run, write_project
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.standalone]
 
 HOST_HAS_AVX512 = torch.backends.cpu.get_cpu_capability() == "AVX512"
 TARGETS = ["avx2", "avx512"] if HOST_HAS_AVX512 else ["avx2"]

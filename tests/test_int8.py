@@ -17,7 +17,7 @@ import pytest
 
 from conftest import Venv, build_wheel, deploy, no_compiler_env, run, write_project
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.standalone]
 
 MODELS = '''
 import torch

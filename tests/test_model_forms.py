@@ -12,7 +12,7 @@ import pytest
 
 from conftest import Venv, build_wheel, no_compiler_env, write_project
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.standalone]
 
 MODELS = '''
 import torch

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tarfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,12 +111,27 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_project(tmp_path_factory.mktemp("remote"), "remotepkg", MODELS, PROJECT)
 
 
+@pytest.fixture(scope="module")
+def cold_builds(project: Path, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Callable[[str], Build]:
+    """The first build against each store, with an empty local cache: it fills the
+    store, which the tests then read, damage or build from (one compile per store)."""
+    done: dict[str, Build] = {}
+
+    def cold(store: str) -> Build:
+        if store not in done:
+            server: Server = request.getfixturevalue(f"{store}_server")
+            done[store] = build(project, server, tmp_path_factory.mktemp(f"{store}-cold") / "laptop")
+        return done[store]
+
+    return cold
+
+
 @pytest.mark.parametrize("store", ["redis", "s3"])
 def test_a_cold_build_fills_the_store_and_a_build_with_an_empty_local_cache_compiles_nothing(
-    store: str, project: Path, tmp_path: Path, request: pytest.FixtureRequest
+    store: str, project: Path, cold_builds: Callable[[str], Build], tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     server: Server = request.getfixturevalue(f"{store}_server")
-    cold = build(project, server, tmp_path / "laptop")
+    cold = cold_builds(store)
     assert f"precompile: remote cache {server.url} (read-write)" in cold.log
     assert "precompile: 1 model(s) in" in cold.log and "(1 compiled)" in cold.log
     assert f"remote cache {server.url}: 0 hit(s), 1 miss(es), 0.0 MB down," in cold.log
@@ -131,10 +146,12 @@ def test_a_cold_build_fills_the_store_and_a_build_with_an_empty_local_cache_comp
     assert list((tmp_path / "ci-runner").glob("*/*/entry.json"))  # the hit is in the local cache now
 
 
-def test_a_damaged_remote_entry_is_a_miss_is_compiled_again_and_replaced(redis_server: Server, project: Path, tmp_path: Path) -> None:
+def test_a_damaged_remote_entry_is_a_miss_is_compiled_again_and_replaced(
+    redis_server: Server, project: Path, cold_builds: Callable[[str], Build], tmp_path: Path
+) -> None:
     import redis
 
-    first = build(project, redis_server, tmp_path / "first")
+    first = cold_builds("redis")
     client = redis.Redis.from_url(redis_server.url)
     (name,) = client.keys("hatch-precompile/*")
     good = client.get(name)

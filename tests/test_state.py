@@ -17,7 +17,7 @@ import torch
 
 from conftest import REPO, Venv, build_wheel, deploy, no_compiler_env, write_project
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.standalone]
 
 MODELS = (REPO / "tests" / "stateful" / "models.py").read_text()
 LM_DIMS = 'dims = { seq = { min = 1, max = 48, axes = ["input_ids:1", "cache_position:0"] } }'
