@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hatch_precompile.build.config import AccuracyBounds, ModelConfig
 from hatch_precompile.build.errors import ModelBuildError
+from hatch_precompile.build.model_config import AccuracyBounds, ModelConfig
 from hatch_precompile.worker.accuracy import check_accuracy, figures
 
 
 def model(dtype: str | None, **accuracy: float) -> ModelConfig:
-    return ModelConfig("m", "pkg:factory", "eager", "embed", dtype=dtype, accuracy=AccuracyBounds(**accuracy))
+    return ModelConfig(name="m", factory="pkg:factory", dtype=dtype, accuracy=AccuracyBounds(**accuracy))
 
 
 def reference() -> torch.Tensor:
@@ -78,7 +78,7 @@ def test_integer_outputs_must_be_equal() -> None:
 
 def test_int8_has_looser_defaults_and_a_missed_bound_suggests_calibration() -> None:
     r = reference()
-    int8 = ModelConfig("m", "pkg:factory", "eager", "embed", quantize="int8")
+    int8 = ModelConfig(name="m", factory="pkg:factory", quantize="int8")
     noisy = r + 0.05 * r.std() * torch.randn(r.shape, generator=torch.Generator().manual_seed(1))
     record = check_accuracy(int8, [noisy], [r], [r])  # relative error 0.05: int8's default bound is 0.1
     assert record["against"] == "float32 eager" and 0.04 < record["outputs"][0]["relative_error"] < 0.06

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import pytest
 
-from hatch_precompile.build.config import MODEL_KEYS, TABLE_KEYS, AccuracyBounds, ConfigError, Dim, TensorInput, parse_config, reference_tables
+from hatch_precompile.build import config as config_module
+from hatch_precompile.build.cache import plugin_fingerprint
+from hatch_precompile.build.config import TABLE_KEYS, ConfigError, model_keys, parse_config, reference_tables
+from hatch_precompile.build.model_config import AccuracyBounds, Dim, ModelConfig, OutputForm, TensorInput, setting
+from hatch_precompile.build.parts import PART_FILE, PART_FORMAT, read_parts
+from hatch_precompile.runtime import OUTPUT_FORMS
 
 T = "tool.hatch.build.hooks.precompile"
 
@@ -214,7 +221,7 @@ def test_every_unsupported_option_is_refused_with_the_reason_and_what_to_do() ->
 
 
 def test_the_configuration_reference_in_the_docs_is_the_one_the_schema_generates() -> None:
-    """docs/configuration.md's key tables come from TABLE_KEYS and MODEL_KEYS, the
+    """docs/configuration.md's key tables come from TABLE_KEYS and ModelConfig's fields, the
     keys the parser accepts; HATCH_PRECOMPILE_UPDATE_DOCS=1 rewrites them."""
     path = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
     text = path.read_text(encoding="utf-8")
@@ -255,7 +262,44 @@ def test_int8_quantization_parses_and_its_conflicts_are_named() -> None:
 
 def test_the_documented_keys_are_these() -> None:
     assert {"package", "fallback", "cpu-targets", "jobs", "remote-cache", "remote-cache-mode", "models.<name>"} == set(TABLE_KEYS)
-    assert set(MODEL_KEYS) == {
+    assert set(model_keys()) == {
         "factory", "inputs", "kwargs", "example-inputs", "example-steps", "dims", "weights", "dtype",
         "options", "fallback", "cpu-targets", "accuracy", "outputs", "quantize", "calibration",
     }  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class WithVectorize(ModelConfig):
+    """ModelConfig and one setting more, as a new feature would add it."""
+
+    vectorize: Literal["on", "off"] = field(
+        default="on", metadata=setting("vectorize", '`"on"` \\| `"off"`', '`"on"`', "a new choice", compiled=True, keyed=True)
+    )
+
+
+def test_a_new_model_setting_reaches_the_docs_the_parser_the_worker_the_key_and_the_part_check(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A field added to ModelConfig, with its Setting, and nothing else written:
+    the reference documents it, the parser reads and checks it, it travels to the
+    worker and back, the artifact key hashes it and a part made with another
+    value is refused."""
+    monkeypatch.setattr(config_module, "ModelConfig", WithVectorize)
+    assert '| `vectorize` | `"on"` \\| `"off"` | `"on"` | a new choice |' in reference_tables()
+    parsed = parse_config({"models": {"m": model(vectorize="off")}}).models["m"]
+    assert isinstance(parsed, WithVectorize) and parsed.vectorize == "off"
+    assert parse_config({"models": {"m": model()}}).models["m"].vectorize == "on"  # type: ignore[attr-defined]
+    assert problems({"models": {"m": model(vectorize="of")}}) == [f"{T}.models.m.vectorize: expected one of 'on', 'off', found a string 'of' (did you mean 'off'?)"]
+
+    sent = json.loads(json.dumps(parsed.to_json()))  # as protocol.py sends it to the worker
+    assert WithVectorize.from_json(sent) == parsed
+    assert parsed.keyed_json()["vectorize"] == "off"  # worker/key.py hashes keyed_json()
+
+    held = {"m": {"config": sent | {"vectorize": "on"}, "artifacts": {}}}
+    (tmp_path / PART_FILE).write_text(json.dumps({"format": PART_FORMAT, "plugin": plugin_fingerprint(), "models": held}))
+    with pytest.raises(ConfigError, match=rf"\({T}\.models\.m\.vectorize differ\); rebuild the part"):
+        read_parts((tmp_path,), config_module.PrecompileConfig(package=None, fallback="eager", cpu_targets=("avx2",), models={"m": parsed}))
+
+
+def test_the_choices_are_the_literals_the_loader_checks_too() -> None:
+    assert get_args(OutputForm) == OUTPUT_FORMS

@@ -53,7 +53,20 @@ def test_every_bad_part_is_named_at_once(tmp_path: Path) -> None:
         f"part {other_plugin} was made by another hatch-precompile than this build's; "
         "make parts with the same hatch-precompile as the wheel build (pin it in [build-system] requires)",
         f"part {undeclared} holds model 'ranker', which {TABLE}.models does not declare",
-        f"part {reconfigured}: model 'm' was compiled from another configuration ({TABLE}.models.m: dims differ); rebuild the part",
+        f"part {reconfigured}: model 'm' was compiled from another configuration ({TABLE}.models.m.dims differ); rebuild the part",
+    ]
+
+
+def test_a_part_compiled_before_quantize_was_set_is_refused_by_its_keys(tmp_path: Path) -> None:
+    """quantize and calibration decide what is compiled, as inputs do: a part made
+    without them is refused here, by their TOML keys, not later at the key."""
+    before = write_part(tmp_path / "float")
+    int8 = parse_config({"models": {"m": MODEL | {"quantize": "int8", "calibration": "pkg.data:batches"}}})
+    with pytest.raises(ConfigError) as caught:
+        read_parts([before], int8)
+    assert caught.value.problems == [
+        f"part {before}: model 'm' was compiled from another configuration "
+        f"({TABLE}.models.m.quantize, {TABLE}.models.m.calibration differ); rebuild the part"
     ]
 
 

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from .cache import EntryStore
-from .config import ModelConfig
 from .errors import ModelBuildError
+from .model_config import ModelConfig
 from .protocol import PROGRESS_PREFIX, RESULT_FILE, BuiltModel, WorkerFailure, WorkerRequest, read_result
 from .remote import RemoteSettings
 from .sources import ArtifactSources, Claim

@@ -23,16 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from .cache import plugin_fingerprint
-from .config import TABLE, ConfigError, ModelConfig, PrecompileConfig
+from .config import TABLE, ConfigError, PrecompileConfig
+from .model_config import ModelConfig, model_settings
 from .protocol import BuiltModel
 from .settings import PARTS_VARIABLE
 from .sources import Claim
 
 PART_FILE = "part.json"
 PART_FORMAT = 1
-# A model's configuration keys that decide what is captured and compiled; the
-# others (fallback, outputs, weights, cpu_targets) may change after a part is made.
-COMPILED_FROM = ("factory", "example_inputs", "args", "kwargs", "dims", "dtype", "options")
 
 
 def read_parts(folders: tuple[Path, ...], config: PrecompileConfig) -> dict[str, dict[str, Claim]]:
@@ -58,11 +56,14 @@ def read_parts(folders: tuple[Path, ...], config: PrecompileConfig) -> dict[str,
             if model is None:
                 problems.append(f"part {folder} holds model {name!r}, which {TABLE}.models does not declare")
                 continue
-            changed = sorted(k for k, v in model.to_json().items() if k in COMPILED_FROM and held["config"].get(k) != v)
+            # The settings that decide what is compiled (ModelConfig's `compiled` ones); the
+            # others (fallback, outputs, weights, cpu_targets) may change after a part is made.
+            settings = model_settings(type(model))
+            changed = [settings[k].key for k, v in model.compiled_json().items() if held["config"].get(k) != v]
             if changed:
                 problems.append(
                     f"part {folder}: model {name!r} was compiled from another configuration "
-                    f"({', '.join(f'{TABLE}.models.{name}: {k}' for k in changed)} differ); rebuild the part"
+                    f"({', '.join(f'{TABLE}.models.{name}.{key}' for key in changed)} differ); rebuild the part"
                 )
                 continue
             for file, artifact in held["artifacts"].items():

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..runtime._schema import ModelEntry
-from .config import ModelConfig
+from .model_config import ModelConfig
 from .remote import Traffic
 from .sources import ArtifactSources
 

@@ -19,8 +19,9 @@ from typing import Any
 
 import torch
 
-from ..build.config import TABLE, Dim, ModelConfig, TensorInput
+from ..build.config import TABLE
 from ..build.errors import ModelBuildError
+from ..build.model_config import Dim, ModelConfig, TensorInput
 from ..runtime._schema import InputLeaf, TreeSpec
 from .index_bounds import index_bounds
 from .state import mutated_buffers

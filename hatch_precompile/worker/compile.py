@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from ..build.config import ModelConfig
 from ..build.errors import ModelBuildError
+from ..build.model_config import ModelConfig
 from ..build.native import UnprovidedLibraryError, read_needs, system_needs, torch_libraries
 from ..build.sources import ArtifactSources, PartMismatch
 from ..build.targets import CPU_TARGETS, CpuTarget, features_from_flags, host_target, is_x86_64

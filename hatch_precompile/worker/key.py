@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from ..build.cache import plugin_fingerprint
-from ..build.config import ModelConfig
+from ..build.model_config import ModelConfig
 from ..build.targets import CpuTarget
 from ..runtime._schema import BuiltWith
 from . import torch_internals
@@ -44,7 +44,7 @@ def artifact_key(
         "signature": str(exported.graph_signature),
         "ranges": {str(symbol): str(bounds) for symbol, bounds in exported.range_constraints.items()},
         "inputs": [captured.input_tree, captured.input_leaves],
-        "model": {k: v for k, v in model.to_json().items() if k in ("dims", "dtype", "options", "quantize")},
+        "model": model.keyed_json(),
         "quantized": None if quantized is None else _module_digest(quantized),
         "fixed": fixed,
         "target": dataclasses.asdict(target),

@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from ..build.config import ModelConfig
 from ..build.errors import ModelBuildError
+from ..build.model_config import ModelConfig
 from ..runtime._contract import check_inputs, flatten_call
 from ..runtime._schema import DimRecord
 from . import torch_internals
