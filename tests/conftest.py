@@ -231,3 +231,14 @@ def torch_venv(tmp_path_factory: pytest.TempPathFactory) -> Venv:
     env = make_venv(tmp_path_factory.mktemp("torch-only") / "venv")
     env.pip(f"torch=={torch.__version__.split('+')[0]}", "safetensors")
     return env
+
+
+# What a frontend prints when a backend raises: the stack of its own machinery.
+FRONTEND_FRAMES = ("_in_process.py", "hatchling/builders", "site-packages/setuptools/build_meta.py", "hatch_precompile/backend/")
+
+
+def assert_said_plainly(output: str) -> None:
+    """An expected failure shows the plugin's message, not the frames of the
+    frontend, hatchling and the plugin's backend above it."""
+    assert not [frame for frame in FRONTEND_FRAMES if frame in output], output[-3000:]
+    assert "hatch-precompile: " in output and "an unexpected error" not in output

@@ -20,7 +20,7 @@ import torch
 
 from hatch_precompile.build.assemble import RUNTIME_FILES
 
-from conftest import EXAMPLE, REPO, ExampleBuild, Venv, isolated_build, no_compiler_env, pin_build_torch, run, with_find_links
+from conftest import EXAMPLE, REPO, ExampleBuild, Venv, assert_said_plainly, isolated_build, no_compiler_env, pin_build_torch, run, with_find_links
 
 pytestmark = pytest.mark.e2e
 
@@ -292,7 +292,7 @@ def test_editable_install_falls_back_to_eager(torch_venv: Venv, wheelhouse: Path
     assert count == "1" and "no compiled artifacts next to" in message and str(project) in message
 
 
-def test_hatch_build_uses_the_pinned_torch_and_compiles(wheelhouse: Path, tmp_path: Path) -> None:
+def test_hatch_build_uses_the_pinned_torch_and_compiles_and_ends_a_mistake_with_its_message(wheelhouse: Path, tmp_path: Path) -> None:
     hatch = shutil.which("hatch", path=str(Path(sys.executable).parent))
     if hatch is None:
         pytest.fail("the `hatch` CLI is missing: install the test extra (pip install -e '.[test]')")
@@ -308,6 +308,14 @@ def test_hatch_build_uses_the_pinned_torch_and_compiles(wheelhouse: Path, tmp_pa
     assert manifest["models"]["encoder"]["artifacts"][0]["built_with"]["torch"] == torch.__version__
     assert TORCH_PIN in requires
     assert "precompile: encoder: done in" in result.stderr + result.stdout
+
+    # A mistake in the table ends `hatch build` (in the build environment hatch just made) with the message alone.
+    pyproject = project / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace("[tool.hatch.build.hooks.precompile]", "[tool.hatch.build.hooks.precompile]\njobs = 0"))
+    failed = run([hatch, "build", "--target", "wheel"], cwd=project, env=env, check=False)
+    assert failed.returncode != 0
+    assert "tool.hatch.build.hooks.precompile.jobs: expected an integer >= 1, found 0" in failed.stderr + failed.stdout
+    assert_said_plainly(failed.stdout + failed.stderr)
 
 
 def test_the_wheel_passes_check_wheel_contents_and_twine_check(example_build: ExampleBuild) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run, write_project
+from conftest import assert_said_plainly, run, write_project
 
 pytestmark = pytest.mark.e2e
 
@@ -88,13 +88,29 @@ def build(project: Path, **extra_env: str) -> tuple[int, str, Path]:
         env={**os.environ, "TMPDIR": str(scratch), **extra_env},
         check=False,
     )
+    output = result.stdout + result.stderr
     if result.returncode != 0:
         assert list((project / "dist").glob("*.whl")) == []
-    return result.returncode, result.stdout + result.stderr, scratch
+        assert_said_plainly(output)
+    return result.returncode, output, scratch
 
 
 def assert_left_nothing(scratch: Path) -> None:
     assert [p.name for p in scratch.iterdir() if p.name.startswith("hatch-precompile")] == []
+
+
+def test_pip_wheel_ends_an_expected_failure_with_the_message_alone(tmp_path: Path) -> None:
+    """pip runs the backend as `python -m build` does; its error block holds the
+    plugin's message and none of the frontend's frames (hatch build: in
+    test_example_wheel.py, which has hatch's build environment ready)."""
+    project = make_project(tmp_path, MODEL.format(factory="mypkg.models:doubler") + 'dtype = "float8"\n')
+    result = run(
+        [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q", "-w", str(tmp_path / "out"), str(project)], check=False
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "tool.hatch.build.hooks.precompile.models.m.dtype: expected one of 'float32', 'bfloat16', 'float16', found a string 'float8'" in output
+    assert_said_plainly(output)
 
 
 def test_all_configuration_errors_are_reported_at_once(tmp_path: Path) -> None:

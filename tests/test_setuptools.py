@@ -29,7 +29,7 @@ from packaging.version import Version
 from hatch_precompile.backend.distfiles import rewrite_wheel, with_requirements
 from hatch_precompile.build.assemble import RUNTIME_FILES
 
-from conftest import REPO, ExampleBuild, Venv, build_sdist_and_wheel, deploy, no_compiler_env, pin_build_torch, run
+from conftest import REPO, ExampleBuild, Venv, assert_said_plainly, build_sdist_and_wheel, deploy, no_compiler_env, pin_build_torch, run
 
 EXAMPLE_ST = REPO / "example_setuptools"
 PRECOMPILED = "example_st/_precompiled/"
@@ -233,6 +233,17 @@ fallbacks = [w for w in caught if issubclass(w.category, _precompiled.Precompile
 print(len(fallbacks))
 print(fallbacks[0].message)
 """
+
+
+@pytest.mark.e2e
+def test_a_configuration_error_ends_the_build_with_the_message_alone(tmp_path: Path) -> None:
+    project = copy_example(tmp_path)
+    pyproject = project / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace('fallback = "eager"', 'fallback = "eager"\njobs = 0'))
+    result = run([sys.executable, "-m", "build", "--wheel", "--no-isolation", str(project)], check=False)
+    assert result.returncode != 0
+    assert "tool.hatch.build.hooks.precompile.jobs: expected an integer >= 1, found 0" in result.stderr + result.stdout
+    assert_said_plainly(result.stdout + result.stderr)
 
 
 @pytest.mark.e2e

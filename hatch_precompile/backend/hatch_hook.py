@@ -3,7 +3,8 @@
 Cheap to construct (hatchling builds it just to ask for dependencies) and keeps
 torch out of the build backend's process: compile work happens in
 `hatch_precompile.worker`. Scratch space is a private temporary directory that
-is removed when the wheel is written, when anything fails, and at exit.
+is removed when the wheel is written, when anything fails, and at exit. An
+expected failure ends the build with its message alone (build/errors.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
 from ..build.assemble import runtime_requirements
 from ..build.config import parse_config
+from ..build.errors import failures_said_plainly
 from ..build.pipeline import EDITABLE_MESSAGE, Reporter, check_sdist_pins, precompile, ready_source
 
 
@@ -27,6 +29,10 @@ class PrecompileBuildHook(BuildHookInterface):
     _staging: Path | None = None
 
     def initialize(self, version: str, build_data: dict[str, Any]) -> None:
+        with failures_said_plainly():
+            self._initialize(version, build_data)
+
+    def _initialize(self, version: str, build_data: dict[str, Any]) -> None:
         config = parse_config(self.config)
         requirements = runtime_requirements()
         build_data["dependencies"].extend(requirements)

@@ -26,6 +26,7 @@ Every hook is setuptools.build_meta's, with these additions:
 - `build_editable`: writes the loader, then setuptools' editable wheel with the
   pins; no compile (`load_compiled` falls back per `fallback`, as under hatch).
 
+Each hook ends an expected failure with its message alone (build/errors.py).
 The rewriting itself is `distfiles.py`.
 """
 
@@ -41,6 +42,7 @@ from typing import Any
 
 from ..build.assemble import runtime_requirements
 from ..build.config import TABLE, ConfigError, PrecompileConfig, parse_config
+from ..build.errors import said_plainly
 from ..build.pipeline import EDITABLE_MESSAGE, Reporter, check_sdist_pins, precompile, ready_source
 from ..build.project import find_package, read_pyproject, read_table
 from ..runtime._layout import PRECOMPILED_DIR
@@ -79,6 +81,7 @@ _REPORT = Reporter(info=_say, success=_say, warning=_say)
 # --- the PEP 517 hooks ---------------------------------------------------------
 
 
+@said_plainly
 def get_requires_for_build_wheel(config_settings: dict[str, Any] | None = None) -> list[str]:
     """setuptools' build requirements, plus those the table asks for as it would of
     hatchling: `dependencies`, and with `require-runtime-dependencies` /
@@ -86,10 +89,12 @@ def get_requires_for_build_wheel(config_settings: dict[str, Any] | None = None) 
     return [*_setuptools.get_requires_for_build_wheel(config_settings), *_table_build_requirements(Path.cwd())]
 
 
+@said_plainly
 def get_requires_for_build_editable(config_settings: dict[str, Any] | None = None) -> list[str]:
     return [*_setuptools.get_requires_for_build_editable(config_settings), *_table_build_requirements(Path.cwd())]
 
 
+@said_plainly
 def build_wheel(wheel_directory: str, config_settings: dict[str, Any] | None = None, metadata_directory: str | None = None) -> str:
     root = Path.cwd()  # PEP 517: hooks run in the source tree
     config, requirements = _project(root)
@@ -111,6 +116,7 @@ def build_wheel(wheel_directory: str, config_settings: dict[str, Any] | None = N
         )
 
 
+@said_plainly
 def prepare_metadata_for_build_wheel(metadata_directory: str, config_settings: dict[str, Any] | None = None) -> str:
     root = Path.cwd()
     _, requirements = _project(root)
@@ -121,6 +127,7 @@ def prepare_metadata_for_build_wheel(metadata_directory: str, config_settings: d
     return name
 
 
+@said_plainly
 def build_sdist(sdist_directory: str, config_settings: dict[str, Any] | None = None) -> str:
     root = Path.cwd()
     config, requirements = _project(root)  # a configuration mistake fails here already, as under hatch
@@ -131,6 +138,7 @@ def build_sdist(sdist_directory: str, config_settings: dict[str, Any] | None = N
     return name
 
 
+@said_plainly
 def build_editable(wheel_directory: str, config_settings: dict[str, Any] | None = None, metadata_directory: str | None = None) -> str:
     root = Path.cwd()
     config, requirements = _project(root)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..runtime._manifest import CONFIG_TABLE
+from .errors import BuildFailure
 from .model_config import IMPORT_PATH, AccuracyBounds, Dim, KeyDoc, ModelConfig, TensorInput, choices, model_settings
 from .options import flatten as flatten_options
 from .options import option_problems
@@ -92,7 +93,7 @@ _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 _PACKAGE_NAME = re.compile(r"^[A-Za-z_]\w*$")
 
 
-class ConfigError(ValueError):
+class ConfigError(BuildFailure, ValueError):
     """Every problem found in the configuration, one per line."""
 
     def __init__(self, problems: list[str]) -> None:
