@@ -286,8 +286,8 @@ def _aten_level(capability: str) -> int:
 
 
 def _model_from_source_config(name: str) -> SourceModel:
-    """In a source checkout: the model's factory, dtype, fallback and output form,
-    read from the pyproject.toml above this file."""
+    """In a source checkout: the model's factory, dtype and fallback, read from the
+    pyproject.toml above this file (an eager fallback returns the module's own outputs)."""
     for directory in HERE.parents:
         pyproject = directory / "pyproject.toml"
         if pyproject.is_file():

@@ -1,4 +1,4 @@
-"""`python -m hatch_precompile.lean_check REQUEST.json`: run lean modules as the loader would.
+"""`python -m hatch_precompile.worker.lean_check REQUEST.json`: run lean modules as the loader would.
 
 A fresh interpreter, so that nothing the compile left in the process (inductor's
 modules, its kernel cache, patched functions) can make a module pass here that
