@@ -146,9 +146,10 @@ bench_build() {
   "$VENV/bin/python" benchmarks/build_time.py "$@"
 }
 
-lint() {  # ruff over the repository, mypy over the plugin and the loader (pyproject.toml)
-  echo "== lint (ruff) and types (mypy)"
+lint() {  # ruff over the repository (lint and format), mypy over the plugin and the loader (pyproject.toml)
+  echo "== lint and format (ruff) and types (mypy)"
   .venv/bin/ruff check .
+  .venv/bin/ruff format --check .
   .venv/bin/mypy
 }
 

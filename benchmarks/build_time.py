@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from servers import Server  # tests/servers.py
 
-MODELS = '''
+MODELS = """
 import torch
 from torch import nn
 
@@ -104,7 +104,7 @@ def convnet():
 
 def mlp():
     return Mlp()
-'''
+"""
 
 PYPROJECT = """
 [build-system]
@@ -282,9 +282,11 @@ def main() -> None:
     parser.add_argument("--project", choices=PROJECTS, default="threemodels", help="what to build (default: the three-model project)")
     parser.add_argument("--remote", choices=("redis", "s3"), help="also build from a warm remote store of this kind, started on loopback")
     args = parser.parse_args()
-    print(f"# build time, {platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-          f"torch {metadata.version('torch')}, hatch-precompile {metadata.version('hatch-precompile')}, median of {args.runs} run(s), "
-          f"project {args.project}{f', remote store: {args.remote}' if args.remote else ''}")
+    print(
+        f"# build time, {platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+        f"torch {metadata.version('torch')}, hatch-precompile {metadata.version('hatch-precompile')}, median of {args.runs} run(s), "
+        f"project {args.project}{f', remote store: {args.remote}' if args.remote else ''}"
+    )
     runs: dict[str, list[tuple[float, float, int]]] = {}
     transfers: list[tuple[int, float]] = []
     with tempfile.TemporaryDirectory(prefix="build-time-servers-") as servers:
@@ -311,8 +313,10 @@ def main() -> None:
     if transfers:
         moved = statistics.median(b for b, _ in transfers) / 1e6
         seconds = statistics.median(s for _, s in transfers)
-        print(f"remote store: {moved:.1f} MB down per build in {seconds:.2f} s of store time ({seconds / moved * 1000:.0f} ms per MB, "
-              "the hook's own count: fetching and unpacking, checking every sha256); the wheel's _precompiled/ is byte-identical to the cold build's")
+        print(
+            f"remote store: {moved:.1f} MB down per build in {seconds:.2f} s of store time ({seconds / moved * 1000:.0f} ms per MB, "
+            "the hook's own count: fetching and unpacking, checking every sha256); the wheel's _precompiled/ is byte-identical to the cold build's"
+        )
 
 
 def _start(kind: str, folder: Path) -> Server:

@@ -362,7 +362,10 @@ def run_child(case: str, model: Model, env: dict[str, str], calls: int, scratch:
     try:
         result = subprocess.run(
             [sys.executable, "-c", CHILD, case, str(calls), spec],
-            env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=CHILD_TIMEOUT_S,
         )
     except subprocess.TimeoutExpired:
         raise SystemExit(f"{model.key}, {case}: no result after {CHILD_TIMEOUT_S} s") from None
@@ -391,9 +394,7 @@ class Environments:
         self.base.pop("HATCH_PRECOMPILE_FORM", None)  # the default form unless a case sets it
         traps = scratch / "traps"
         traps.mkdir()
-        self.no_compiler = {
-            **self.base, "PATH": no_compiler_path(traps), "CXX": str(traps / "c++"), "CC": str(traps / "cc")
-        }
+        self.no_compiler = {**self.base, "PATH": no_compiler_path(traps), "CXX": str(traps / "c++"), "CC": str(traps / "cc")}
 
     def warm_cache(self, model: Model, case: str) -> dict[str, str]:
         folder = f"{model.key}-{'cpp-' if case == COMPILE_CPP else ''}warm-cache"
@@ -508,8 +509,7 @@ def print_table(model: Model, results: dict[str, list[dict]], threads: int) -> N
         batch_shape = f"{BATCH}x{model.features}"
     print(f"### {model.title}, batch {batch_shape}, {threads} thread(s)\n")
     print(f"load_compiled.explain(): {explain(model)}\n")
-    columns = ["case", "first output, s (min-max)", "vs eager", "steady state, ms/call (min-max)",
-               "vs torch.compile", "peak RSS, MB", "compiler imported"]
+    columns = ["case", "first output, s (min-max)", "vs eager", "steady state, ms/call (min-max)", "vs torch.compile", "peak RSS, MB", "compiler imported"]
     columns += [f"{model.library} imported"] if model.library else []
     print("| " + " | ".join(columns) + " |")
     print("|" + "---|" * len(columns))
@@ -528,14 +528,10 @@ def print_table(model: Model, results: dict[str, list[dict]], threads: int) -> N
             f"| {case} | {spread(first, 2)} | {statistics.median(first) / eager_first:.2f}x "
             f"| {spread(call, 3)} | {f'{statistics.median(call) / (compile_call * 1000):.2f}x' if compile_call else 'n/a'} "
             f"| {statistics.median(r['rss'] for r in runs):.0f} "
-            f"| {imported(runs, COMPILER)} |"
-            + (f" {imported(runs, [model.library])} |" if model.library else "")
+            f"| {imported(runs, COMPILER)} |" + (f" {imported(runs, [model.library])} |" if model.library else "")
         )
     checks = [r["check"] * 1e6 for r in results[LOADER]]
-    print(
-        f"\nload_compiled input checks: {spread(checks, 1)} us per call, "
-        f"included in its steady-state time above"
-    )
+    print(f"\nload_compiled input checks: {spread(checks, 1)} us per call, included in its steady-state time above")
     for case, reason in skipped.items():
         print(f"{case}: n/a ({reason})")
     print()
@@ -549,12 +545,10 @@ def positive(text: str) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=DEFAULT_MODELS,
-                        help=f"models to measure (default: {' '.join(DEFAULT_MODELS)})")
+    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=DEFAULT_MODELS, help=f"models to measure (default: {' '.join(DEFAULT_MODELS)})")
     parser.add_argument("--runs", type=positive, default=5, help="fresh processes per case (default 5)")
     parser.add_argument("--calls", type=positive, default=200, help="calls for the steady-state median (default 200)")
-    parser.add_argument("--threads", type=positive, default=os.cpu_count() or 1,
-                        help="torch threads in every case (default: the CPUs visible)")
+    parser.add_argument("--threads", type=positive, default=os.cpu_count() or 1, help="torch threads in every case (default: the CPUs visible)")
     args = parser.parse_args()
     models = [MODELS[key] for key in dict.fromkeys(args.models)]
 

@@ -178,15 +178,23 @@ def logits_file(scratch: Path, model: Model, case: str) -> Path:
 
 def run_child(case: str, model: Model, env: dict[str, str], args: argparse.Namespace, scratch: Path, save_logits: bool = False) -> dict:
     spec = {
-        **asdict(model), "package": PACKAGE, "vocab": VOCAB, "prompt": args.prompt, "new_tokens": args.new_tokens,
-        "watched": COMPILER, "aoti_package": str(scratch / f"{model.key}.pt2"),
+        **asdict(model),
+        "package": PACKAGE,
+        "vocab": VOCAB,
+        "prompt": args.prompt,
+        "new_tokens": args.new_tokens,
+        "watched": COMPILER,
+        "aoti_package": str(scratch / f"{model.key}.pt2"),
     }
     if save_logits:
         spec["logits_file"] = str(logits_file(scratch, model, case))
     try:
         result = subprocess.run(
             [sys.executable, "-c", CHILD, case, json.dumps(spec)],
-            env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=CHILD_TIMEOUT_S,
         )
     except subprocess.TimeoutExpired:
         raise SystemExit(f"{model.key}, {case}: no result after {CHILD_TIMEOUT_S} s") from None
@@ -206,9 +214,7 @@ class Environments:
         self.base.pop("HATCH_PRECOMPILE_FORM", None)  # the loader's default form
         traps = scratch / "traps"
         traps.mkdir()
-        self.no_compiler = {
-            **self.base, "PATH": no_compiler_path(traps), "CXX": str(traps / "c++"), "CC": str(traps / "cc")
-        }
+        self.no_compiler = {**self.base, "PATH": no_compiler_path(traps), "CXX": str(traps / "c++"), "CC": str(traps / "cc")}
 
     def for_case(self, case: str, model: Model) -> dict[str, str]:
         if case == COMPILE_WARM:  # the setup's run filled it; every measured run reuses it
@@ -267,8 +273,7 @@ def explain(model: Model) -> str:
 def print_table(model: Model, results: dict[str, list[dict]], baseline: dict[str, list[dict]], args: argparse.Namespace) -> None:
     print(f"### {model.title}: prompt {args.prompt}, {args.new_tokens} new tokens, batch 1, {args.threads} thread(s)\n")
     print(f"load_compiled.explain(): {explain(model)}\n")
-    columns = ["case", "first token, s (min-max)", "vs eager fp32", "per token, ms (min-max)", "vs eager fp32",
-               "first step, ms", "peak RSS, MB", "compiler imported", "tokens = eager's"]
+    columns = ["case", "first token, s (min-max)", "vs eager fp32", "per token, ms (min-max)", "vs eager fp32", "first step, ms", "peak RSS, MB", "compiler imported", "tokens = eager's"]
     print("| " + " | ".join(columns) + " |")
     print("|" + "---|" * len(columns))
     base_first = statistics.median(r["first"] for r in baseline[EAGER])
@@ -283,8 +288,7 @@ def print_table(model: Model, results: dict[str, list[dict]], baseline: dict[str
         first = [r["first"] for r in runs]
         step = [r["step"] * 1000 for r in runs]
         tokens = tokens_of(runs)
-        same = "varies between runs" if tokens is None or eager_tokens is None else "yes" if tokens == eager_tokens else (
-            "no, " + first_difference(tokens, eager_tokens))
+        same = "varies between runs" if tokens is None or eager_tokens is None else "yes" if tokens == eager_tokens else ("no, " + first_difference(tokens, eager_tokens))
         print(
             f"| {case} | {spread(first, 2)} | {statistics.median(first) / base_first:.2f}x "
             f"| {spread(step, 1)} | {statistics.median(step) / (base_step * 1000):.2f}x "
@@ -328,8 +332,7 @@ def print_accuracy(models: list[Model], results: dict[str, dict[str, list]], scr
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS),
-                        help="models to measure (default: all); decoder, every ratio's baseline, is always measured")
+    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS), help="models to measure (default: all); decoder, every ratio's baseline, is always measured")
     parser.add_argument("--runs", type=positive, default=5, help="fresh processes per case (default 5)")
     parser.add_argument("--prompt", type=positive, default=128, help="prompt length in tokens (default 128)")
     parser.add_argument("--new-tokens", type=positive, default=64, help="one-token steps after the prompt (default 64)")

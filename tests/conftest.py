@@ -97,8 +97,7 @@ def write_project(root: Path, package: str, models: str, precompile_toml: str) -
     (source / "__init__.py").write_text("from ._precompiled import load_compiled\n")
     (source / "models.py").write_text(models)
     header = (
-        '[build-system]\nrequires = ["hatchling", "hatch-precompile"]\nbuild-backend = "hatchling.build"\n\n'
-        f'[project]\nname = "{package}"\nversion = "1.0"\n\n[tool.hatch.build.hooks.precompile]\n'
+        f'[build-system]\nrequires = ["hatchling", "hatch-precompile"]\nbuild-backend = "hatchling.build"\n\n[project]\nname = "{package}"\nversion = "1.0"\n\n[tool.hatch.build.hooks.precompile]\n'
     )
     (project / "pyproject.toml").write_text(header + textwrap.dedent(precompile_toml))
     (project / ".gitignore").write_text("_precompiled/\n")

@@ -52,9 +52,7 @@ def test_assembly_records_sizes_hashes_and_the_manifest_digest(tmp_path: Path) -
     assert manifest["weights"]["size"] == len(b"weights")
     digest = hashlib.sha256(manifest_bytes).hexdigest()
     assert f'MANIFEST_SHA256 = "{digest}"' in (tmp_path / BUILD_MODULE).read_text()
-    assert sorted(shipped.values()) == sorted(
-        f"pkg/_precompiled/{n}" for n in [*files, "manifest.json", BUILD_MODULE, *RUNTIME_FILES]
-    )
+    assert sorted(shipped.values()) == sorted(f"pkg/_precompiled/{n}" for n in [*files, "manifest.json", BUILD_MODULE, *RUNTIME_FILES])
 
 
 def test_int8_variants_with_the_same_constants_ship_one_file(tmp_path: Path) -> None:
@@ -72,14 +70,11 @@ def test_int8_variants_with_the_same_constants_ship_one_file(tmp_path: Path) -> 
     for name, data in files.items():
         (tmp_path / name).write_bytes(data)
     variants = [
-        {"file": f"{stem}_constants.safetensors", "kernels": [], "constants": {}, "lean": {"file": f"{stem}.py", "extern_kernels": []}}
-        for stem in ("cpu_avx2", "cpu_avx512", "cpu_avx2_batch8")
+        {"file": f"{stem}_constants.safetensors", "kernels": [], "constants": {}, "lean": {"file": f"{stem}.py", "extern_kernels": []}} for stem in ("cpu_avx2", "cpu_avx512", "cpu_avx2_batch8")
     ]
     shipped = assemble(tmp_path, "pkg", {"m": {"fallback": "eager", "weights": {"order": []}, "artifacts": variants}})
     manifest = json.loads((tmp_path / "manifest.json").read_text())["models"]["m"]
-    assert [a["file"] for a in manifest["artifacts"]] == [
-        "m/cpu_avx2_constants.safetensors", "m/cpu_avx2_constants.safetensors", "m/cpu_avx2_batch8_constants.safetensors"
-    ]
+    assert [a["file"] for a in manifest["artifacts"]] == ["m/cpu_avx2_constants.safetensors", "m/cpu_avx2_constants.safetensors", "m/cpu_avx2_batch8_constants.safetensors"]
     assert [a["lean"]["file"] for a in manifest["artifacts"]] == ["m/cpu_avx2.py", "m/cpu_avx512.py", "m/cpu_avx2_batch8.py"]
     assert "pkg/_precompiled/m/cpu_avx512_constants.safetensors" not in shipped.values()
     assert len(shipped) == len(set(shipped.values())) == len(files) - 1 + 2 + len(RUNTIME_FILES)

@@ -168,17 +168,12 @@ def test_every_architecture_and_option_matches_eager_in_the_form_it_loads_in(bat
     forms = {name: form(entry["loaded"]) for name, entry in report.items()}
     assert forms == {a.name: a.form for a in BUILT}
     assert imported == ([] if all(a.form == "lean" for a in BUILT) else ["torch._dynamo", "torch._inductor"])
-    results = {
-        a.name: {"status": "builds", "form": forms[a.name], "build_seconds": battery.build_seconds.get(a.name), **report[a.name]}
-        for a in BUILT
-    }
+    results = {a.name: {"status": "builds", "form": forms[a.name], "build_seconds": battery.build_seconds.get(a.name), **report[a.name]} for a in BUILT}
     results.update({a.name: {"status": "refused", "reason": a.refused} for a in [*ARCHITECTURES, *OPTIONS] if a.refused})
     if os.environ.get("HATCH_PRECOMPILE_UPDATE_DOCS"):
         state_section = DOCS.read_text(encoding="utf-8").partition(STATE_SECTION)[2]
         DOCS.write_text(render(results) + STATE_SECTION + state_section, encoding="utf-8")
-    assert summary_rows(DOCS.read_text(encoding="utf-8")) == summary_rows(render(results)), (
-        "docs/battery.md no longer says what the battery found: rerun with HATCH_PRECOMPILE_UPDATE_DOCS=1"
-    )
+    assert summary_rows(DOCS.read_text(encoding="utf-8")) == summary_rows(render(results)), "docs/battery.md no longer says what the battery found: rerun with HATCH_PRECOMPILE_UPDATE_DOCS=1"
 
 
 def test_every_architecture_and_option_matches_eager_in_the_artifact_form(battery: Battery, tmp_path: Path) -> None:
@@ -190,9 +185,7 @@ def test_every_architecture_and_option_matches_eager_in_the_artifact_form(batter
     assert {form(entry["loaded"]) for entry in report.values()} == {"artifact"}
 
 
-def test_the_lean_wheel_is_abi3_and_loads_lean_on_another_python_under_pypis_build_of_the_release(
-    battery: Battery, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
-) -> None:
+def test_the_lean_wheel_is_abi3_and_loads_lean_on_another_python_under_pypis_build_of_the_release(battery: Battery, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
     """The same wheel file, installed by uv on CPython 3.13 with the `torch==X` its
     metadata pins resolved from PyPI (the CUDA build), runs every lean model with
     no compiler, as it does here. The artifacts' wheel names this Python alone."""

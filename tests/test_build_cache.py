@@ -23,7 +23,7 @@ from conftest import run, write_project
 
 pytestmark = [pytest.mark.e2e, pytest.mark.standalone]
 
-MODELS = '''
+MODELS = """
 import torch
 from torch import nn
 
@@ -52,7 +52,7 @@ def affine():
 
 def doubler():
     return Doubler()
-'''
+"""
 
 TABLE = """
 [tool.hatch.build.hooks.precompile.models.affine]

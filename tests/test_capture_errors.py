@@ -154,9 +154,7 @@ def test_other_capture_errors_keep_torchs_message_alone() -> None:
 
 def test_a_model_that_fails_eagerly_at_the_example_size_says_so_with_real_sizes() -> None:
     message = capture_error(NoSuchMethod(), [{"shape": ["batch", 8]}], {"batch": {"min": 1, "max": 16}})
-    assert message.startswith(
-        "the model fails on the build's example inputs (batch = 2) even without torch.export: AttributeError: "
-    ) and "no_such_method" in message
+    assert message.startswith("the model fails on the build's example inputs (batch = 2) even without torch.export: AttributeError: ") and "no_such_method" in message
     assert message.endswith(
         "If it supports only some sizes, narrow the dims' ranges to them or declare them as buckets "
         "(the build makes its examples at the smallest size in each range other than 1, or at a bucket's size)."
@@ -174,10 +172,7 @@ class FixedPositions(nn.Module):
 
 def test_a_size_check_in_the_models_code_is_reported_with_the_example_size_not_torchs_symbols() -> None:
     message = capture_error(FixedPositions(), [{"shape": [2, "length"]}], {"length": {"min": 16, "max": 64}})
-    assert message.startswith(
-        "the model fails on the build's example inputs (length = 16) even without torch.export: "
-        "ValueError: Input size (16) doesn't match model (32).\n"
-    )
+    assert message.startswith("the model fails on the build's example inputs (length = 16) even without torch.export: ValueError: Input size (16) doesn't match model (32).\n")
 
 
 class FormatsItsLength(nn.Module):
@@ -192,9 +187,7 @@ FORMAT_LINE = FormatsItsLength.forward.__code__.co_firstlineno + 1
 
 
 def test_a_dim_the_code_needs_fixed_is_named_when_making_it_static_captures() -> None:
-    message = capture_error(
-        FormatsItsLength(), [{"shape": ["batch", "length"]}], {"batch": {"min": 1, "max": 8}, "length": {"min": 2, "max": 64}}
-    )
+    message = capture_error(FormatsItsLength(), [{"shape": ["batch", "length"]}], {"batch": {"min": 1, "max": 8}, "length": {"min": 2, "max": 64}})
     assert message.startswith(
         "the model's code needs a fixed size for 1 declared dim: torch.export captures it with length static, not dynamic:\n"
         f"  - {PATH}.dims.length = {{ min = 2, max = 64 }}\n"
@@ -202,7 +195,7 @@ def test_a_dim_the_code_needs_fixed_is_named_when_making_it_static_captures() ->
         "or fix the model so that it does not need a fixed length.\n\ntorch's message:\n"
         "TypeError: unsupported format string passed to SymInt.__format__"
     ), message
-    assert message.endswith(f"(raised in {__file__}, line {FORMAT_LINE}, in forward: tag = f\"{{x.shape[1]:04d}}\")"), message
+    assert message.endswith(f'(raised in {__file__}, line {FORMAT_LINE}, in forward: tag = f"{{x.shape[1]:04d}}")'), message
 
 
 class DataDependent(nn.Module):
@@ -212,10 +205,7 @@ class DataDependent(nn.Module):
 
 def test_a_model_torch_cannot_capture_at_any_size_is_told_that_dims_will_not_help() -> None:
     message = capture_error(DataDependent(), [{"shape": ["batch", 8]}], {"batch": {"min": 1, "max": 16}})
-    assert message.startswith(
-        "torch.export cannot capture the model even with every declared dim static, so no `dims` setting helps: "
-        "the model's code must change\n\ntorch's message:\n"
-    ), message
+    assert message.startswith("torch.export cannot capture the model even with every declared dim static, so no `dims` setting helps: the model's code must change\n\ntorch's message:\n"), message
 
 
 class FormatsBothSizes(nn.Module):
@@ -227,13 +217,9 @@ class FormatsBothSizes(nn.Module):
 
 
 def test_dims_the_code_needs_fixed_together_are_named_together() -> None:
-    message = capture_error(
-        FormatsBothSizes(), [{"shape": ["batch", "length"]}], {"batch": {"min": 1, "max": 8}, "length": {"min": 2, "max": 64}}
-    )
+    message = capture_error(FormatsBothSizes(), [{"shape": ["batch", "length"]}], {"batch": {"min": 1, "max": 8}, "length": {"min": 2, "max": 64}})
     assert message.startswith(
-        "the model's code needs fixed sizes for the declared dims batch and length together: "
-        "torch.export captures it only with all of them static:\n"
-        f"  - {PATH}.dims.batch = {{ min = 1, max = 8 }}\n"
+        f"the model's code needs fixed sizes for the declared dims batch and length together: torch.export captures it only with all of them static:\n  - {PATH}.dims.batch = {{ min = 1, max = 8 }}\n"
     ), message
     assert f"  - {PATH}.dims.length = {{ min = 2, max = 64 }}\n" in message
 

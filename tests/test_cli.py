@@ -38,10 +38,7 @@ def files_line(wheel: Path, failing: int = 0) -> str:
     listed = 1 + len(model["artifacts"]) * 2 + len(model["kernels"])  # weights, artifacts, lean modules, kernels
     with zipfile.ZipFile(wheel) as archive:
         total = sum(name.startswith(PRECOMPILED) and not name.endswith("/") for name in archive.namelist())
-    return (
-        f"files: {total - failing} of {total} verify (the manifest against _build.py's digest, "
-        f"{listed} against the manifest, {total - listed - 1} against the wheel's RECORD)"
-    )
+    return f"files: {total - failing} of {total} verify (the manifest against _build.py's digest, {listed} against the manifest, {total - listed - 1} against the wheel's RECORD)"
 
 
 def cli(capsys: pytest.CaptureFixture[str], *args: str | Path) -> tuple[int, str, str]:
@@ -253,11 +250,7 @@ def test_inspect_lists_models_targets_forms_tag_and_torch_pin(example_build: Exa
 
 @pytest.mark.e2e
 def test_inspect_imports_no_torch(example_build: ExampleBuild) -> None:
-    code = (
-        "import sys\nfrom hatch_precompile.cli import main\n"
-        f"code = main(['inspect', {str(example_build.wheel)!r}])\n"
-        "print('torch imported:', 'torch' in sys.modules)\nraise SystemExit(code)\n"
-    )
+    code = f"import sys\nfrom hatch_precompile.cli import main\ncode = main(['inspect', {str(example_build.wheel)!r}])\nprint('torch imported:', 'torch' in sys.modules)\nraise SystemExit(code)\n"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "torch imported: False" in result.stdout
@@ -314,9 +307,7 @@ def test_verify_names_an_edited_manifest(example_build: ExampleBuild, tmp_path: 
 
 
 @pytest.mark.e2e
-def test_verify_reports_a_model_whose_artifacts_need_a_cpu_feature_this_machine_lacks(
-    example_build: ExampleBuild, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_verify_reports_a_model_whose_artifacts_need_a_cpu_feature_this_machine_lacks(example_build: ExampleBuild, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import torch
 
     lacking = sorted(name for name, present in torch.cpu.get_capabilities().items() if present is False)[0]

@@ -248,15 +248,9 @@ def test_int8_quantization_parses_and_its_conflicts_are_named() -> None:
     assert parse_config({"models": {"m": model(quantize="int8")}}).models["m"].calibration is None
     path = f"{T}.models.m"
     assert problems({"models": {"m": model(quantize="int4")}}) == [f"{path}.quantize: expected one of 'int8', found a string 'int4' (did you mean 'int8'?)"]
-    assert problems({"models": {"m": model(calibration="mypkg.data:batches")}}) == [
-        f'{path}.calibration: sets the int8 scales, so it needs `quantize = "int8"`; add that or remove it'
-    ]
-    assert problems({"models": {"m": model(quantize="int8", calibration="batches")}}) == [
-        f"{path}.calibration: expected 'module:callable', found 'batches'"
-    ]
-    assert problems({"models": {"m": model(quantize="int8", dtype="bfloat16")}}) == [
-        f"{path}.dtype: is 'bfloat16', but `quantize` quantizes the float32 module; remove one of the two"
-    ]
+    assert problems({"models": {"m": model(calibration="mypkg.data:batches")}}) == [f'{path}.calibration: sets the int8 scales, so it needs `quantize = "int8"`; add that or remove it']
+    assert problems({"models": {"m": model(quantize="int8", calibration="batches")}}) == [f"{path}.calibration: expected 'module:callable', found 'batches'"]
+    assert problems({"models": {"m": model(quantize="int8", dtype="bfloat16")}}) == [f"{path}.dtype: is 'bfloat16', but `quantize` quantizes the float32 module; remove one of the two"]
     assert parse_config({"models": {"m": model(quantize="int8", weights="factory")}}).models["m"].weights == "factory"
 
 
@@ -272,14 +266,10 @@ def test_the_documented_keys_are_these() -> None:
 class WithVectorize(ModelConfig):
     """ModelConfig and one setting more, as a new feature would add it."""
 
-    vectorize: Literal["on", "off"] = field(
-        default="on", metadata=setting("vectorize", '`"on"` \\| `"off"`', '`"on"`', "a new choice", compiled=True, keyed=True)
-    )
+    vectorize: Literal["on", "off"] = field(default="on", metadata=setting("vectorize", '`"on"` \\| `"off"`', '`"on"`', "a new choice", compiled=True, keyed=True))
 
 
-def test_a_new_model_setting_reaches_the_docs_the_parser_the_worker_the_key_and_the_part_check(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def test_a_new_model_setting_reaches_the_docs_the_parser_the_worker_the_key_and_the_part_check(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A field added to ModelConfig, with its Setting, and nothing else written:
     the reference documents it, the parser reads and checks it, it travels to the
     worker and back, the artifact key hashes it and a part made with another

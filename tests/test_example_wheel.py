@@ -150,17 +150,13 @@ def test_build_reports_progress_per_model_and_step(example_build: ExampleBuild) 
         ("artifact", "encoder/cpu_avx2.bin", ["torch._dynamo", "torch._inductor"]),
     ],
 )
-def test_compiled_encoder_matches_eager_in_both_forms_with_no_compiler(
-    deploy_venv: Venv, tmp_path: Path, form: str, loaded: str, compiler: list[str]
-) -> None:
+def test_compiled_encoder_matches_eager_in_both_forms_with_no_compiler(deploy_venv: Venv, tmp_path: Path, form: str, loaded: str, compiler: list[str]) -> None:
     env = no_compiler_env(tmp_path, HATCH_PRECOMPILE_FORM=form)
     report = json.loads(deploy_venv.script(COMPARE_WITH_EAGER, env=env).stdout)
     assert not (tmp_path / "compiler-used").exists()
     assert report["repr"] == f"<compiled model 'encoder' from {loaded}>"
     assert report["compiler"] == compiler
-    assert report["batches"] == {
-        "batch 1": [1, 64], "batch 7": [7, 64], "batch 64": [64, 64], "transposed": [5, 64], "sliced": [5, 64], "expanded": [4, 64]
-    }
+    assert report["batches"] == {"batch 1": [1, 64], "batch 7": [7, 64], "batch 64": [64, 64], "transposed": [5, 64], "sliced": [5, 64], "expanded": [4, 64]}
 
 
 @pytest.mark.release
@@ -173,10 +169,7 @@ def test_the_lean_form_writes_nothing_to_disk_but_the_weights_stamp(deploy_venv:
 
 
 def test_deployed_wheel_needs_neither_the_plugin_nor_a_torch_import_at_package_import(deploy_venv: Venv) -> None:
-    out = deploy_venv.script(
-        "import sys, importlib.util, example_pkg\n"
-        "print('torch' in sys.modules, importlib.util.find_spec('hatch_precompile') is None)"
-    ).stdout.split()
+    out = deploy_venv.script("import sys, importlib.util, example_pkg\nprint('torch' in sys.modules, importlib.util.find_spec('hatch_precompile') is None)").stdout.split()
     assert out == ["False", "True"]
 
 
@@ -267,10 +260,7 @@ def test_source_checkout_with_fallback_error_raises(torch_venv: Venv, tmp_path: 
     pyproject = project / "pyproject.toml"
     pyproject.write_text(pyproject.read_text().replace('fallback = "eager"', 'fallback = "error"'))
     env = {**os.environ, "PYTHONPATH": str(project / "src")}
-    code = (
-        "from example_pkg import load_compiled, _precompiled\n"
-        "try:\n    load_compiled('encoder')\nexcept _precompiled.PrecompiledModelError as e:\n    print(e)"
-    )
+    code = "from example_pkg import load_compiled, _precompiled\ntry:\n    load_compiled('encoder')\nexcept _precompiled.PrecompiledModelError as e:\n    print(e)"
     out = torch_venv.script(code, env=env).stdout
     assert out.startswith("model 'encoder': no compiled artifacts next to")
     assert "Build and install a wheel with the hatch-precompile hook" in out
@@ -327,9 +317,7 @@ def test_the_wheel_passes_check_wheel_contents_and_twine_check(example_build: Ex
     assert twine.returncode == 0, twine.stdout + twine.stderr
 
 
-def test_builds_from_other_folders_and_from_the_sdist_by_pip_give_byte_identical_wheels(
-    example_build: ExampleBuild, wheelhouse: Path, tmp_path: Path
-) -> None:
+def test_builds_from_other_folders_and_from_the_sdist_by_pip_give_byte_identical_wheels(example_build: ExampleBuild, wheelhouse: Path, tmp_path: Path) -> None:
     """Reproducible wheels: a direct wheel build of the project from another folder,
     and what pip does for a user who installs from the sdist (an isolated build
     with the sdist's own pins), both equal the session's sdist -> wheel build to

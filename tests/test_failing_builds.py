@@ -17,7 +17,7 @@ from conftest import assert_said_plainly, run, write_project
 
 pytestmark = pytest.mark.e2e
 
-MODELS = '''
+MODELS = """
 import torch
 from torch import nn
 
@@ -71,7 +71,7 @@ class Counter(nn.Module):
 
 def counter():
     return Counter()
-'''
+"""
 
 
 def make_project(tmp_path: Path, precompile_toml: str) -> Path:
@@ -104,9 +104,7 @@ def test_pip_wheel_ends_an_expected_failure_with_the_message_alone(tmp_path: Pat
     plugin's message and none of the frontend's frames (hatch build: in
     test_example_wheel.py, which has hatch's build environment ready)."""
     project = make_project(tmp_path, MODEL.format(factory="mypkg.models:doubler") + 'dtype = "float8"\n')
-    result = run(
-        [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q", "-w", str(tmp_path / "out"), str(project)], check=False
-    )
+    result = run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q", "-w", str(tmp_path / "out"), str(project)], check=False)
     output = result.stdout + result.stderr
     assert result.returncode != 0
     assert "tool.hatch.build.hooks.precompile.models.m.dtype: expected one of 'float32', 'bfloat16', 'float16', found a string 'float8'" in output
@@ -157,8 +155,7 @@ dims = {{ batch = {{ min = 1, max = 16 }} }}
     [
         (
             "mypkg.missing:doubler",
-            "model 'm' failed while importing factory = 'mypkg.missing:doubler': cannot import module 'mypkg.missing': "
-            "ModuleNotFoundError: No module named 'mypkg.missing'",
+            "model 'm' failed while importing factory = 'mypkg.missing:doubler': cannot import module 'mypkg.missing': ModuleNotFoundError: No module named 'mypkg.missing'",
         ),
         ("mypkg.models:nothing", "model 'm' failed while importing factory = 'mypkg.models:nothing': 'mypkg.models' has no attribute 'nothing'"),
         (
@@ -178,10 +175,9 @@ def test_a_model_that_cannot_be_built_names_itself_and_the_cause(tmp_path: Path,
 def test_an_int8_model_with_state_is_refused_by_name(tmp_path: Path) -> None:
     status, output, scratch = build(make_project(tmp_path, MODEL.format(factory="mypkg.models:counter") + 'quantize = "int8"\n'))
     assert status != 0
-    assert (
-        "model 'm' failed while quantizing to int8: the model updates buffers (calls), and int8 graphs are compiled with "
-        "their buffers frozen in; build it in float32 or bfloat16"
-    ) in output, output[-3000:]
+    assert ("model 'm' failed while quantizing to int8: the model updates buffers (calls), and int8 graphs are compiled with their buffers frozen in; build it in float32 or bfloat16") in output, (
+        output[-3000:]
+    )
     assert_left_nothing(scratch)
 
 

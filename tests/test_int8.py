@@ -279,9 +279,7 @@ def _captured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, factory: str, cal
         ("addmm_layer", None, "this model's matrix products are aten.addmm.default, which it leaves in float32 (transformers' Conv1D, as in GPT-2, is an addmm: make each an nn.Linear"),
     ],
 )
-def test_bad_calibration_and_unquantizable_models_are_named(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, factory: str, calibration: str | None, expected: str
-) -> None:
+def test_bad_calibration_and_unquantizable_models_are_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, factory: str, calibration: str | None, expected: str) -> None:
     """The worker's quantize step itself, in this process (a build through the hook is above)."""
     import torch._inductor.config as inductor_config
 

@@ -177,9 +177,7 @@ def _tokenized(project: Path, batch: int, seq: int) -> tuple:
     return ids, mask
 
 
-def test_the_embedder_builds_and_holds_int8s_bounds_over_its_dynamic_batch_and_sequence(
-    project: Path, embedder_venv: Venv, tmp_path: Path
-) -> None:
+def test_the_embedder_builds_and_holds_int8s_bounds_over_its_dynamic_batch_and_sequence(project: Path, embedder_venv: Venv, tmp_path: Path) -> None:
     import torch
 
     eager = _models(project).embedder()

@@ -79,12 +79,7 @@ def test_each_folder_imports_only_the_folders_it_may() -> None:
 
 
 def test_the_build_backends_side_imports_no_torch() -> None:
-    code = (
-        "import importlib, json, sys\n"
-        "for name in sys.argv[1:]:\n"
-        "    importlib.import_module(name)\n"
-        "print(json.dumps(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))))\n"
-    )
+    code = "import importlib, json, sys\nfor name in sys.argv[1:]:\n    importlib.import_module(name)\nprint(json.dumps(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))))\n"
     modules = [_module_name(path) for folder in BACKEND_SIDE for path in sorted((PACKAGE / folder).rglob("*.py"))]
     modules += ["hatch_precompile", "hatch_precompile.hooks", "hatch_precompile.setuptools_backend", "hatch_precompile.worker"]
     result = run([sys.executable, "-c", code, *modules], cwd=REPO)

@@ -148,9 +148,7 @@ def test_an_artifact_from_another_torch_build_is_refused(deploy_venv: Venv, pack
         ("torch_git", "0" * 40, "(000000000000)", f"({torch.version.git_version[:12]})"),
     ],
 )
-def test_another_torch_or_python_is_never_loaded_and_both_sides_are_named(
-    deploy_venv: Venv, package: Path, field: str, value: str, built: str, running: str
-) -> None:
+def test_another_torch_or_python_is_never_loaded_and_both_sides_are_named(deploy_venv: Venv, package: Path, field: str, value: str, built: str, running: str) -> None:
     manifest = manifest_of(package)
     manifest["models"]["encoder"]["artifacts"][0]["built_with"][field] = value
     reseal(package / "manifest.json", manifest)
@@ -218,9 +216,7 @@ except _precompiled.PrecompiledModelError:
 def test_explain_names_the_variant_and_form_that_would_load(deploy_venv: Venv, package: Path) -> None:
     code = "from example_pkg import load_compiled\nprint(load_compiled.explain())"
     assert run_copy(deploy_venv, package, code).stdout.strip() == "encoder: would load encoder/cpu_avx2.py (lean form) for CPU target avx2"
-    assert run_copy(deploy_venv, package, code, **ARTIFACT_FORM).stdout.strip() == (
-        "encoder: would load encoder/cpu_avx2.bin (artifact form; HATCH_PRECOMPILE_FORM=artifact) for CPU target avx2"
-    )
+    assert run_copy(deploy_venv, package, code, **ARTIFACT_FORM).stdout.strip() == ("encoder: would load encoder/cpu_avx2.bin (artifact form; HATCH_PRECOMPILE_FORM=artifact) for CPU target avx2")
 
 
 @pytest.mark.parametrize("form", ["lean", "artifact"])
@@ -268,14 +264,18 @@ def test_without_a_writable_home_loading_uses_a_private_temporary_cache(deploy_v
 
 
 # LOAD, printing how many times the weights were checked.
-COUNTS_HASHES = """
+COUNTS_HASHES = (
+    """
 from example_pkg._precompiled import _integrity
 hashed = []
 original = _integrity.chunk_checksums
 _integrity.chunk_checksums = lambda *args: hashed.append(args) or original(*args)
-""" + LOAD + """
+"""
+    + LOAD
+    + """
 print("HASHED", len(hashed))
 """
+)
 
 
 def stamps(package: Path) -> list[Path]:
@@ -339,10 +339,7 @@ def test_processes_loading_at_once_with_a_shared_empty_cache_all_succeed(deploy_
     written by all four at once; each loads, and the cache holds whole files only."""
     shared = tmp_path / "shared"
     env = {**no_compiler_env(tmp_path, PYTHONPATH=str(package.parent.parent), HATCH_PRECOMPILE_FORM=form), "HATCH_PRECOMPILE_CACHE_DIR": str(shared)}
-    processes = [
-        subprocess.Popen([deploy_venv.python, "-c", LOAD], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for _ in range(4)
-    ]
+    processes = [subprocess.Popen([deploy_venv.python, "-c", LOAD], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
     outputs = [p.communicate(timeout=300) for p in processes]
     assert [p.returncode for p in processes] == [0, 0, 0, 0], [err[-1000:] for _, err in outputs]
     assert all("torch.Size([2, 64])" in out for out, _ in outputs)
@@ -383,9 +380,7 @@ def test_a_kernel_the_dynamic_loader_refuses_falls_back_per_policy(deploy_venv: 
 
 
 @pytest.mark.parametrize("form", ["lean", "artifact"])
-def test_a_custom_ops_library_that_cannot_be_imported_is_named_and_the_fallback_applies(
-    deploy_venv: Venv, package: Path, form: str
-) -> None:
+def test_a_custom_ops_library_that_cannot_be_imported_is_named_and_the_fallback_applies(deploy_venv: Venv, package: Path, form: str) -> None:
     manifest = manifest_of(package)
     manifest["models"]["encoder"]["op_libraries"] = {"mylib::gather_experts": "mylib.ops"}
     reseal(package / "manifest.json", manifest)

@@ -147,7 +147,10 @@ def call(env: Venv, tmp_path: Path, code: str, **extra: str) -> dict:
 
 
 def test_buckets_dispatch_on_the_exact_size_and_refuse_others(forms: Venv, tmp_path: Path) -> None:
-    report = call(forms, tmp_path, """
+    report = call(
+        forms,
+        tmp_path,
+        """
         model, eager = load_compiled("buckets"), models.mlp()
         for batch in (2, 4):
             x = torch.randn(batch, 16)
@@ -158,7 +161,8 @@ def test_buckets_dispatch_on_the_exact_size_and_refuse_others(forms: Venv, tmp_p
             model(torch.randn(3, 16))
         except ValueError as error:
             report["3"] = str(error)
-    """)
+    """,
+    )
     assert report == {
         "2": "buckets/cpu_avx2_batch2.py",
         "4": "buckets/cpu_avx2_batch4.py",
@@ -167,7 +171,10 @@ def test_buckets_dispatch_on_the_exact_size_and_refuse_others(forms: Venv, tmp_p
 
 
 def test_buckets_with_a_range_use_the_dynamic_artifact_between_buckets(forms: Venv, tmp_path: Path) -> None:
-    report = call(forms, tmp_path, """
+    report = call(
+        forms,
+        tmp_path,
+        """
         model, eager = load_compiled("buckets_and_range"), models.mlp()
         for batch in (1, 3, 4, 8):
             x = torch.randn(batch, 16)
@@ -178,7 +185,8 @@ def test_buckets_with_a_range_use_the_dynamic_artifact_between_buckets(forms: Ve
             model(torch.randn(9, 16))
         except ValueError as error:
             report["9"] = str(error)
-    """)
+    """,
+    )
     dynamic, bucket = "buckets_and_range/cpu_avx2.py", "buckets_and_range/cpu_avx2_batch4.py"
     assert report == {
         "1": dynamic,
@@ -190,7 +198,10 @@ def test_buckets_with_a_range_use_the_dynamic_artifact_between_buckets(forms: Ve
 
 
 def test_weights_bound_four_ways_give_identical_results(forms: Venv, tmp_path: Path) -> None:
-    report = call(forms, tmp_path, """
+    report = call(
+        forms,
+        tmp_path,
+        """
         ids = torch.randint(0, 20, (6, 5), generator=torch.Generator().manual_seed(3))
         eager = models.stateful()
         with torch.no_grad():
@@ -223,13 +234,13 @@ def test_weights_bound_four_ways_give_identical_results(forms: Venv, tmp_path: P
             load_compiled("embedded", state_dict=eager.state_dict(), module=eager)
         except ValueError as error:
             report["both"] = str(error)
-    """)
+    """,
+    )
     assert report["equal"] == {"shipped": True, "factory": True, "state_dict": True, "module": True}
     assert report["cached"] is True
     assert report["both"] == "model 'embedded': pass state_dict= or module=, not both"
     assert report["mismatch"] == (
-        "model 'embedded': the state_dict given does not fit the compiled model: "
-        "embed.weight is float32[21, 8] on cpu, expected float32[20, 8] on cpu; norm.running_var is missing"
+        "model 'embedded': the state_dict given does not fit the compiled model: embed.weight is float32[21, 8] on cpu, expected float32[20, 8] on cpu; norm.running_var is missing"
     )
 
 
@@ -245,7 +256,10 @@ def test_factory_weights_ship_only_constants(forms: Venv) -> None:
 
 
 def test_a_bfloat16_model_takes_and_returns_bfloat16(forms: Venv, tmp_path: Path) -> None:
-    report = call(forms, tmp_path, """
+    report = call(
+        forms,
+        tmp_path,
+        """
         model = load_compiled("half")
         x = torch.randn(3, 16).to(torch.bfloat16)
         with torch.no_grad():
@@ -257,13 +271,17 @@ def test_a_bfloat16_model_takes_and_returns_bfloat16(forms: Venv, tmp_path: Path
             model(torch.randn(3, 16))
         except ValueError as error:
             report["float32"] = str(error)
-    """)
+    """,
+    )
     assert report == {"dtype": "torch.bfloat16", "float32": "model 'half', input x: expected dtype bfloat16, got float32"}
 
 
 @pytest.mark.parametrize("form", ["auto", "artifact"])
 def test_images_in_any_layout_give_eagers_result_in_both_forms(forms: Venv, tmp_path: Path, form: str) -> None:
-    report = call(forms, tmp_path, """
+    report = call(
+        forms,
+        tmp_path,
+        """
         model, eager = load_compiled("conv"), models.conv()
         image = torch.randn(2, 3, 8, 8)
         images = {
@@ -278,24 +296,29 @@ def test_images_in_any_layout_give_eagers_result_in_both_forms(forms: Venv, tmp_
                 torch.testing.assert_close(model(x), eager(x), rtol=1e-4, atol=1e-5)
             report[case] = list(model(x).shape)
         report["loaded"] = repr(model)
-    """, HATCH_PRECOMPILE_FORM=form)
+    """,
+        HATCH_PRECOMPILE_FORM=form,
+    )
     suffix = "bin" if form == "artifact" else "py"
     assert report.pop("loaded") == f"<compiled model 'conv' from conv/cpu_avx2.{suffix}>"
     assert report == {"contiguous": [2, 8], "channels_last": [2, 8], "strided": [2, 8], "expanded": [4, 8], "permuted": [2, 8]}
 
 
 def test_a_graph_returning_a_view_of_its_input_ships_the_artifact_form_and_says_why(forms: Venv, forms_wheel: Path, tmp_path: Path) -> None:
-    report = call(forms, tmp_path, """
+    report = call(
+        forms,
+        tmp_path,
+        """
         model, eager = load_compiled("returns_its_input"), models.returns_its_input()
         x = torch.randn(3, 16)
         with torch.no_grad():
             for got, want in zip(model(x), eager(x)):
                 torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
         report["explain"] = load_compiled.explain("returns_its_input")
-    """)
+    """,
+    )
     assert report["explain"] == (
-        "returns_its_input: would load returns_its_input/cpu_avx2.bin (artifact form; "
-        "the build refused the lean form: output 1 is an input or a view of one) for CPU target avx2"
+        "returns_its_input: would load returns_its_input/cpu_avx2.bin (artifact form; the build refused the lean form: output 1 is an input or a view of one) for CPU target avx2"
     )
     lean_only = forms.script(
         "from formpkg import load_compiled\nload_compiled('returns_its_input')",
@@ -303,9 +326,6 @@ def test_a_graph_returning_a_view_of_its_input_ships_the_artifact_form_and_says_
         check=False,
     )
     assert "PrecompiledModelError: model 'returns_its_input': no shipped artifact fits this process" in lean_only.stderr
-    assert (
-        "the lean form: the build refused it for returns_its_input/cpu_avx2.bin: output 1 is an input or a view of one; "
-        "the artifact form: HATCH_PRECOMPILE_FORM=lean"
-    ) in lean_only.stderr
+    assert ("the lean form: the build refused it for returns_its_input/cpu_avx2.bin: output 1 is an input or a view of one; the artifact form: HATCH_PRECOMPILE_FORM=lean") in lean_only.stderr
     python = f"cp{sys.version_info.major}{sys.version_info.minor}"
     assert f"-{python}-{python}-" in forms_wheel.name  # an artifact runs on this Python alone: no abi3 tag

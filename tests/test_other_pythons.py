@@ -64,9 +64,7 @@ def test_the_artifact_form_is_refused_there_naming_both_sides(elsewhere: Venv, t
     built = f"built with torch {torch.__version__} ({torch.version.git_version[:12]}) on cp{sys.version_info.major}{sys.version_info.minor}"
     assert built in explained and "python differs: it needs that exact Python" in explained, explained
     assert "torch differs: it needs that exact build" in explained and "running torch " in explained, explained
-    assert elsewhere.script(code, env=no_compiler_env(tmp_path)).stdout.strip().startswith(
-        "encoder: would load encoder/cpu_avx2.py (lean form) for CPU target avx2"
-    )
+    assert elsewhere.script(code, env=no_compiler_env(tmp_path)).stdout.strip().startswith("encoder: would load encoder/cpu_avx2.py (lean form) for CPU target avx2")
 
 
 OLDER_PYTHON = f"3.{sys.version_info.minor - 1}"

@@ -50,8 +50,7 @@ def test_every_bad_part_is_named_at_once(tmp_path: Path) -> None:
     assert found == [
         f"HATCH_PRECOMPILE_PARTS: {tmp_path / 'missing'} is not a part (part.json: "
         f"[Errno 2] No such file or directory: '{tmp_path / 'missing' / PART_FILE}'); make one with `hatch-precompile compile-part`",
-        f"part {other_plugin} was made by another hatch-precompile than this build's; "
-        "make parts with the same hatch-precompile as the wheel build (pin it in [build-system] requires)",
+        f"part {other_plugin} was made by another hatch-precompile than this build's; make parts with the same hatch-precompile as the wheel build (pin it in [build-system] requires)",
         f"part {undeclared} holds model 'ranker', which {TABLE}.models does not declare",
         f"part {reconfigured}: model 'm' was compiled from another configuration ({TABLE}.models.m.dims differ); rebuild the part",
     ]
@@ -64,10 +63,7 @@ def test_a_part_compiled_before_quantize_was_set_is_refused_by_its_keys(tmp_path
     int8 = parse_config({"models": {"m": MODEL | {"quantize": "int8", "calibration": "pkg.data:batches"}}})
     with pytest.raises(ConfigError) as caught:
         read_parts([before], int8)
-    assert caught.value.problems == [
-        f"part {before}: model 'm' was compiled from another configuration "
-        f"({TABLE}.models.m.quantize, {TABLE}.models.m.calibration differ); rebuild the part"
-    ]
+    assert caught.value.problems == [f"part {before}: model 'm' was compiled from another configuration ({TABLE}.models.m.quantize, {TABLE}.models.m.calibration differ); rebuild the part"]
 
 
 def test_only_the_configuration_an_artifact_is_compiled_from_must_match(tmp_path: Path) -> None:
@@ -128,9 +124,7 @@ def test_a_part_whose_artifact_does_not_match_says_why(tmp_path: Path) -> None:
 def test_compile_part_wants_a_new_folder(tmp_path: Path) -> None:
     project = tmp_path / "project"
     project.mkdir()
-    (project / "pyproject.toml").write_text(
-        f'[{TABLE}.models.m]\nfactory = "pkg.models:build"\ninputs = [{{ shape = ["batch", 8] }}]\ndims = {{ batch = {{ min = 1, max = 16 }} }}\n'
-    )
+    (project / "pyproject.toml").write_text(f'[{TABLE}.models.m]\nfactory = "pkg.models:build"\ninputs = [{{ shape = ["batch", 8] }}]\ndims = {{ batch = {{ min = 1, max = 16 }} }}\n')
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "kept").write_text("")
     with pytest.raises(ConfigError, match=r"--out .*: not empty; give each part a new folder"):

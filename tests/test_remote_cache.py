@@ -146,9 +146,7 @@ def test_a_cold_build_fills_the_store_and_a_build_with_an_empty_local_cache_comp
     assert list((tmp_path / "ci-runner").glob("*/*/entry.json"))  # the hit is in the local cache now
 
 
-def test_a_damaged_remote_entry_is_a_miss_is_compiled_again_and_replaced(
-    redis_server: Server, project: Path, cold_builds: Callable[[str], Build], tmp_path: Path
-) -> None:
+def test_a_damaged_remote_entry_is_a_miss_is_compiled_again_and_replaced(redis_server: Server, project: Path, cold_builds: Callable[[str], Build], tmp_path: Path) -> None:
     import redis
 
     first = cold_builds("redis")
@@ -236,9 +234,7 @@ def test_check_cache_writes_and_reads_back_a_probe_on_both_stores(redis_server: 
     assert "(read-only): OK, reached" in read_only.stdout and "read from it" in read_only.stdout
 
 
-def test_an_unreachable_store_a_wrong_password_and_a_missing_bucket_are_said_with_the_password_masked(
-    s3_server: Server, project: Path, tmp_path: Path
-) -> None:
+def test_an_unreachable_store_a_wrong_password_and_a_missing_bucket_are_said_with_the_password_masked(s3_server: Server, project: Path, tmp_path: Path) -> None:
     closed = f"redis://127.0.0.1:{free_port()}/0"
     started = time.monotonic()
     unreachable = check_cache(project, closed)

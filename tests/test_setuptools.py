@@ -104,8 +104,12 @@ def test_wheel_has_the_hatch_wheels_tag_pins_and_precompiled_layout(st_build: Ex
         for name in RUNTIME_FILES:
             assert wheel.read(PRECOMPILED + name) == (REPO / "hatch_precompile/runtime" / name).read_bytes(), name
         assert {n for n in wheel.namelist() if not n.startswith(PRECOMPILED)} == {
-            "example_st/__init__.py", "example_st/model.py",
-            f"{DIST_INFO}/METADATA", f"{DIST_INFO}/WHEEL", f"{DIST_INFO}/top_level.txt", f"{DIST_INFO}/RECORD",
+            "example_st/__init__.py",
+            "example_st/model.py",
+            f"{DIST_INFO}/METADATA",
+            f"{DIST_INFO}/WHEEL",
+            f"{DIST_INFO}/top_level.txt",
+            f"{DIST_INFO}/RECORD",
         }
     (artifact,) = model["artifacts"]
     assert artifact["file"] == "mlp/cpu_avx2.bin" and artifact["lean"]["file"] == "mlp/cpu_avx2.py"
@@ -269,7 +273,7 @@ PINS = ["torch==2.13.0", "safetensors>=0.4"]
 def test_metadata_gets_each_pin_once_among_the_unconditional_requirements() -> None:
     with_extras = b'Metadata-Version: 2.4\nName: p\nVersion: 1\nRequires-Dist: numpy\nProvides-Extra: dev\nRequires-Dist: pytest; extra == "dev"\n\n# p\n\nText.\n'
     assert with_requirements(with_extras, PINS) == (
-        b'Metadata-Version: 2.4\nName: p\nVersion: 1\nRequires-Dist: numpy\nRequires-Dist: torch==2.13.0\n'
+        b"Metadata-Version: 2.4\nName: p\nVersion: 1\nRequires-Dist: numpy\nRequires-Dist: torch==2.13.0\n"
         b'Requires-Dist: safetensors>=0.4\nProvides-Extra: dev\nRequires-Dist: pytest; extra == "dev"\n\n# p\n\nText.\n'
     )
     no_description = b"Metadata-Version: 2.4\nName: p\nVersion: 1\nRequires-Dist: safetensors >= 0.4\n"
@@ -312,8 +316,13 @@ def test_rewritten_wheel_holds_exactly_the_staged_precompiled_files_and_is_repro
     assert first.read_bytes() == second.read_bytes()
     with zipfile.ZipFile(first) as wheel:
         assert wheel.namelist() == [
-            "p/__init__.py", "p/_precompiled/__init__.py", "p/_precompiled/m/kernels/k_1.so", "p/_precompiled/manifest.json",
-            "p-1.0.dist-info/METADATA", "p-1.0.dist-info/WHEEL", "p-1.0.dist-info/RECORD",
+            "p/__init__.py",
+            "p/_precompiled/__init__.py",
+            "p/_precompiled/m/kernels/k_1.so",
+            "p/_precompiled/manifest.json",
+            "p-1.0.dist-info/METADATA",
+            "p-1.0.dist-info/WHEEL",
+            "p-1.0.dist-info/RECORD",
         ]
         assert wheel.read("p/_precompiled/__init__.py") == b"# the loader\n"
         assert wheel.read("p-1.0.dist-info/WHEEL").decode().splitlines()[2:] == ["Root-Is-Purelib: false", f"Tag: {tag}"]
@@ -340,8 +349,7 @@ def test_the_tables_hatchling_keys_become_build_requirements(tmp_path: Path) -> 
     )
     assert _table_build_requirements(tmp_path) == ["numpy", "transformers>=4", "accelerate"]
     (tmp_path / "pyproject.toml").write_text(
-        '[project]\nname = "p"\nversion = "1"\ndynamic = ["dependencies"]\n'
-        '[tool.hatch.build.hooks.precompile]\nrequire-runtime-dependencies = true\nrequire-runtime-features = ["gpu"]\n'
+        '[project]\nname = "p"\nversion = "1"\ndynamic = ["dependencies"]\n[tool.hatch.build.hooks.precompile]\nrequire-runtime-dependencies = true\nrequire-runtime-features = ["gpu"]\n'
     )
     with pytest.raises(ConfigError) as error:
         _table_build_requirements(tmp_path)

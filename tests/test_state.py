@@ -149,9 +149,7 @@ print(json.dumps(report))
 
 def test_each_handle_has_its_own_state_reset_and_threads(state_venv: Venv, tmp_path: Path) -> None:
     report = _run(state_venv, tmp_path, HANDLES)
-    assert report == {
-        "distinct": True, "second_untouched": True, "first_written": True, "reset": True, "threads": True, "threads_differ": True
-    }, report
+    assert report == {"distinct": True, "second_untouched": True, "first_written": True, "reset": True, "threads": True, "threads_differ": True}, report
 
 
 COUNTER = """
@@ -235,9 +233,7 @@ def test_transformers_decoders_generate_transformers_tokens(generated: dict, sta
         assert generated[name] == expected, name
     with zipfile.ZipFile(state_wheel) as archive:
         manifest = json.loads(archive.read("statepkg/_precompiled/manifest.json"))
-    assert manifest["models"]["llama"]["state"] == [
-        "cumulative_length_0", "cumulative_length_1", "key_cache_0", "value_cache_0", "key_cache_1", "value_cache_1"
-    ]
+    assert manifest["models"]["llama"]["state"] == ["cumulative_length_0", "cumulative_length_1", "key_cache_0", "value_cache_0", "key_cache_1", "value_cache_1"]
 
 
 # docs/battery.md's section on models with state, from what this module found.
@@ -262,10 +258,7 @@ def test_the_battery_docs_show_the_models_with_state(generated: dict) -> None:
             equal = all(run["equal"] for run in generated["decoder"])
         else:
             prompts = "; ".join(f"1x{length} +{LM_NEW}" for length in LM_PROMPTS)
-            equal = generated[name] == {
-                str(length): _transformers_tokens(name, torch.randint(0, 256, (1, length), generator=torch.Generator().manual_seed(length)), LM_NEW)
-                for length in LM_PROMPTS
-            }
+            equal = generated[name] == {str(length): _transformers_tokens(name, torch.randint(0, 256, (1, length), generator=torch.Generator().manual_seed(length)), LM_NEW) for length in LM_PROMPTS}
         lines.append(f"| {name} | {what} | {form} | {against} | {prompts} | {'every token equal' if equal else 'tokens differ'} |")
     table = "\n".join(lines) + "\n"
     text = DOCS.read_text(encoding="utf-8")

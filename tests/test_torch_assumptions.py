@@ -141,9 +141,7 @@ class Keyed:
         self.values = values
 
 
-torch.utils._pytree.register_pytree_node(
-    Keyed, lambda k: (list(k.values.values()), list(k.values)), lambda v, keys: Keyed(**dict(zip(keys, v, strict=True)))
-)
+torch.utils._pytree.register_pytree_node(Keyed, lambda k: (list(k.values.values()), list(k.values)), lambda v, keys: Keyed(**dict(zip(keys, v, strict=True))))
 
 
 def test_named_tuples_and_keyed_classes_are_recorded_by_import_path() -> None:
@@ -228,9 +226,9 @@ def test_the_lean_module_runs_in_a_fresh_process_without_the_compiler_and_equals
 import json, sys, torch
 from pathlib import Path
 from hatch_precompile.runtime._lean import make_runner
-data = torch.load({str(tmp_path / 'data.pt')!r}, weights_only=True)
+data = torch.load({str(tmp_path / "data.pt")!r}, weights_only=True)
 kernels = {{k: Path(v) for k, v in {kernels!r}.items()}}
-run = make_runner(Path({str(tmp_path / 'small.py')!r}).read_text(), "small.py", kernels, {module.extern_kernels!r}, [], {{}})
+run = make_runner(Path({str(tmp_path / "small.py")!r}).read_text(), "small.py", kernels, {module.extern_kernels!r}, [], {{}})
 with torch.no_grad():
     out = run(list(data["flat"]))
 print(json.dumps({{"equal": all(torch.equal(a, b) for a, b in zip(out, data["expected"])), "count": len(out),
@@ -525,7 +523,7 @@ def test_decompositions_reach_only_the_compiler_modules_capture_imports() -> Non
     assert set(report["found"]) <= set(torch_internals.LAZY_DECOMPOSITION_MODULES), report["found"]
 
 
-POOLING_CAPTURE = r'''
+POOLING_CAPTURE = r"""
 import json, torch
 from torch import nn
 from hatch_precompile.worker import torch_internals
@@ -542,15 +540,13 @@ for name, (module, shape) in cases.items():
     exported = torch_internals.decompose(torch.export.export(module.eval(), (x,)))
     report[name] = bool(torch.equal(exported.module()(x), module(x)))
 print(json.dumps(report))
-'''
+"""
 
 
 def test_max_pooling_decomposes_in_a_process_that_never_compiled() -> None:
     result = subprocess.run([sys.executable, "-c", POOLING_CAPTURE], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert json.loads(result.stdout) == dict.fromkeys(
-        ["max_pool1d", "max_pool2d", "max_pool3d", "max_pool2d_ceil", "adaptive_max_pool2d"], True
-    )
+    assert json.loads(result.stdout) == dict.fromkeys(["max_pool1d", "max_pool2d", "max_pool3d", "max_pool2d_ceil", "adaptive_max_pool2d"], True)
 
 
 @torch.library.custom_op("hatch_precompile_test::twice", mutates_args=())

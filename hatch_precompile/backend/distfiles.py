@@ -55,9 +55,7 @@ def with_requirements(metadata: bytes, requirements: list[str]) -> bytes:
     missing = [f"Requires-Dist: {r}" for r in requirements if _requirement_key(r) not in present]
     if not missing:
         return metadata
-    unconditional = [
-        i for i, line in enumerate(lines) if line.startswith("Requires-Dist:") and "extra" not in str(Requirement(line.split(":", 1)[1].strip()).marker)
-    ]
+    unconditional = [i for i, line in enumerate(lines) if line.startswith("Requires-Dist:") and "extra" not in str(Requirement(line.split(":", 1)[1].strip()).marker)]
     if unconditional:
         at = unconditional[-1] + 1
     else:

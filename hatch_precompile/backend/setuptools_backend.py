@@ -51,9 +51,7 @@ from .distfiles import rewrite_sdist, rewrite_wheel, with_requirements
 try:
     from setuptools import build_meta as _setuptools
 except ImportError as error:  # pragma: no cover - a misconfigured [build-system]
-    raise ImportError(
-        "hatch_precompile.setuptools_backend builds with setuptools: add \"setuptools>=77\" to [build-system] requires"
-    ) from error
+    raise ImportError('hatch_precompile.setuptools_backend builds with setuptools: add "setuptools>=77" to [build-system] requires') from error
 
 # setuptools' hook that needs nothing more, re-exported as it is.
 get_requires_for_build_sdist = _setuptools.get_requires_for_build_sdist
@@ -68,7 +66,6 @@ __all__ = [
     "prepare_metadata_for_build_editable",
     "prepare_metadata_for_build_wheel",
 ]
-
 
 
 def _say(line: str) -> None:

@@ -107,18 +107,14 @@ def assemble(staging: Path, package: str, entries: dict[str, ModelEntry]) -> dic
             }
         entry["artifacts"] = _share_identical_constants([_artifact_record(model, model_dir, a) for a in entry["artifacts"]])
         kernel_keys = sorted({key for a in entry["artifacts"] for key in a["kernels"]})
-        entry["kernels"] = {
-            key: {"file": f"{model}/{KERNELS_DIR}/{kernel_file(key)}", **file_record(model_dir / KERNELS_DIR / kernel_file(key))}
-            for key in kernel_keys
-        }
+        entry["kernels"] = {key: {"file": f"{model}/{KERNELS_DIR}/{kernel_file(key)}", **file_record(model_dir / KERNELS_DIR / kernel_file(key))} for key in kernel_keys}
         models[model] = entry
     manifest = {"format": MANIFEST_FORMAT, "built_by": f"hatch-precompile {__version__}", "package": package, "models": models}
     manifest_bytes = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
     (staging / MANIFEST_FILE).write_bytes(manifest_bytes)
     # The loader checks the manifest against this digest; the wheel's RECORD covers this file.
     (staging / BUILD_MODULE).write_text(
-        f'"""Written by hatch-precompile {__version__} at build time."""\n\n'
-        f'MANIFEST_SHA256 = "{hashlib.sha256(manifest_bytes).hexdigest()}"\n',
+        f'"""Written by hatch-precompile {__version__} at build time."""\n\nMANIFEST_SHA256 = "{hashlib.sha256(manifest_bytes).hexdigest()}"\n',
         encoding="utf-8",
     )
 

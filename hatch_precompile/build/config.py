@@ -26,9 +26,7 @@ from .targets import CPU_TARGETS, DEFAULT_CPU_TARGETS
 TABLE = ".".join(CONFIG_TABLE)
 
 # Keys hatchling itself reads from every build-hook table.
-HATCHLING_KEYS = frozenset(
-    {"enable-by-default", "dependencies", "require-runtime-dependencies", "require-runtime-features"}
-)
+HATCHLING_KEYS = frozenset({"enable-by-default", "dependencies", "require-runtime-dependencies", "require-runtime-features"})
 
 DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
 CPU_TARGET_NAMES = tuple(CPU_TARGETS)
@@ -39,17 +37,16 @@ REMOTE_CACHE_MODES: tuple[RemoteCacheMode, ...] = typing.get_args(RemoteCacheMod
 # `[tool.hatch.build.hooks.precompile]`; hatchling's own keys (HATCHLING_KEYS) are accepted too.
 TABLE_KEYS = {
     "package": KeyDoc("string", "the single top-level package under `src/` or the root", "import package that receives `_precompiled/`"),
-    "fallback": KeyDoc("`\"eager\"` \\| `\"error\"`", "`\"eager\"`", "what `load_compiled` does when no shipped artifact fits"),
+    "fallback": KeyDoc('`"eager"` \\| `"error"`', '`"eager"`', "what `load_compiled` does when no shipped artifact fits"),
     "cpu-targets": KeyDoc(
-        "array of `\"avx2\"`, `\"avx512\"`",
-        "`[\"avx2\"]`",
+        'array of `"avx2"`, `"avx512"`',
+        '`["avx2"]`',
         "the x86-64 CPU variants to build (see [CPU targets](targets.md#cpu-targets))",
     ),
     "jobs": KeyDoc(
         "integer >= 1",
         "by the machine",
-        "models compiled at once; `HATCH_PRECOMPILE_JOBS` overrides it (see [Builds that "
-        "scale](builds.md#builds-that-scale-cache-parallel-workers-parts))",
+        "models compiled at once; `HATCH_PRECOMPILE_JOBS` overrides it (see [Builds that scale](builds.md#builds-that-scale-cache-parallel-workers-parts))",
     ),
     "remote-cache": KeyDoc(
         "`redis://`, `rediss://` or `s3://` URL",
@@ -58,13 +55,12 @@ TABLE_KEYS = {
         "overrides it (see [the remote build cache](builds.md#a-remote-build-cache-redis-or-s3))",
     ),
     "remote-cache-mode": KeyDoc(
-        "`\"read-write\"` \\| `\"read-only\"`",
-        "`\"read-write\"`",
-        "`\"read-only\"`: take entries from the remote store, never write one; `HATCH_PRECOMPILE_REMOTE_CACHE_MODE` overrides it",
+        '`"read-write"` \\| `"read-only"`',
+        '`"read-write"`',
+        '`"read-only"`: take entries from the remote store, never write one; `HATCH_PRECOMPILE_REMOTE_CACHE_MODE` overrides it',
     ),
     "models.<name>": KeyDoc("table", "(required, one or more)", "one model; `<name>` is a Python identifier"),
 }
-
 
 
 def model_keys() -> dict[str, KeyDoc]:
@@ -81,11 +77,7 @@ def reference_tables() -> str:
         return "\n".join(["| key | type | default | meaning |", "|---|---|---|---|", *rows])
 
     hatchling = ", ".join(f"`{key}`" for key in sorted(HATCHLING_KEYS))
-    return (
-        f"`[{TABLE}]`:\n\n{table(TABLE_KEYS)}\n\n"
-        f"hatchling's own hook keys ({hatchling}) are accepted too.\n\n"
-        f"`[{TABLE}.models.<name>]`:\n\n{table(model_keys())}\n"
-    )
+    return f"`[{TABLE}]`:\n\n{table(TABLE_KEYS)}\n\nhatchling's own hook keys ({hatchling}) are accepted too.\n\n`[{TABLE}.models.<name>]`:\n\n{table(model_keys())}\n"
 
 
 _MODEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -209,14 +201,17 @@ def parse_config(raw: dict[str, Any]) -> PrecompileConfig:
     if check.problems:
         raise ConfigError(check.problems)
     return PrecompileConfig(
-        package=package, fallback=fallback, cpu_targets=cpu_targets, models=models, jobs=jobs,
-        remote_cache=remote_cache, remote_cache_mode=remote_cache_mode,
+        package=package,
+        fallback=fallback,
+        cpu_targets=cpu_targets,
+        models=models,
+        jobs=jobs,
+        remote_cache=remote_cache,
+        remote_cache_mode=remote_cache_mode,
     )
 
 
-def _parse_model(
-    check: _Checker, name: str, raw: dict[str, Any], path: str, fallback: str, cpu_targets: tuple[str, ...]
-) -> ModelConfig | None:
+def _parse_model(check: _Checker, name: str, raw: dict[str, Any], path: str, fallback: str, cpu_targets: tuple[str, ...]) -> ModelConfig | None:
     """One model's table. The settings that are a choice (a `Literal` field) or an
     import path are read the same way from ModelConfig's fields; the rest below."""
     before = len(check.problems)
@@ -238,13 +233,9 @@ def _parse_model(
             if key in raw:
                 check.fail(f"{path}.{key}", "cannot be combined with `example-inputs`; declare inputs one way")
     elif "inputs" not in raw and "kwargs" not in raw:
-        check.fail(path, "declares no inputs; add `inputs = [{ shape = [...], dtype = \"...\" }]` or `example-inputs`")
+        check.fail(path, 'declares no inputs; add `inputs = [{ shape = [...], dtype = "..." }]` or `example-inputs`')
 
-    values["args"] = tuple(
-        spec
-        for i, item in enumerate(_array(check, raw.get("inputs", []), f"{path}.inputs"))
-        if (spec := _parse_input(check, item, f"{path}.inputs[{i}]")) is not None
-    )
+    values["args"] = tuple(spec for i, item in enumerate(_array(check, raw.get("inputs", []), f"{path}.inputs")) if (spec := _parse_input(check, item, f"{path}.inputs[{i}]")) is not None)
     kwargs: dict[str, TensorInput] = {}
     for key, item in (check.table(raw.get("kwargs", {}), f"{path}.kwargs") or {}).items():
         if (spec := _parse_input(check, item, f"{path}.kwargs.{key}")) is not None:
@@ -275,7 +266,7 @@ def _check_quantize(check: _Checker, raw: dict[str, Any], path: str, values: dic
     """`quantize = "int8"` and its `calibration`. An int8 graph is quantized from the
     float32 module, so it cannot also take another dtype."""
     if "calibration" in raw and "quantize" not in raw:
-        check.fail(f"{path}.calibration", "sets the int8 scales, so it needs `quantize = \"int8\"`; add that or remove it")
+        check.fail(f"{path}.calibration", 'sets the int8 scales, so it needs `quantize = "int8"`; add that or remove it')
     if values.get("quantize") is None:
         return
     if values.get("dtype") not in (None, "float32"):
@@ -284,8 +275,7 @@ def _check_quantize(check: _Checker, raw: dict[str, Any], path: str, values: dic
         if dim.buckets:
             check.fail(
                 f"{path}.dims.{dim.name}",
-                "has buckets, which `quantize` does not support: one int8 graph with a dynamic dim ran as fast as one "
-                "compiled for a fixed size (docs/studies/int8); give only { min, max }",
+                "has buckets, which `quantize` does not support: one int8 graph with a dynamic dim ran as fast as one compiled for a fixed size (docs/studies/int8); give only { min, max }",
             )
 
 
@@ -355,11 +345,7 @@ def _parse_input(check: _Checker, raw: Any, path: str) -> TensorInput | None:
 
 
 def _parse_range(check: _Checker, raw: Any, path: str, dtype: str | None) -> tuple[float, float] | None:
-    numbers = (
-        raw
-        if isinstance(raw, list) and len(raw) == 2 and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in raw)
-        else None
-    )
+    numbers = raw if isinstance(raw, list) and len(raw) == 2 and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in raw) else None
     if numbers is None:
         check.fail(path, f"expected [low, high] (two numbers), found {_describe(raw)}")
         return None
@@ -431,7 +417,7 @@ def _parse_buckets(check: _Checker, raw: Any, path: str) -> tuple[int, ...]:
 def _parse_axes(check: _Checker, raw: Any, path: str) -> tuple[tuple[int | str, int], ...]:
     """`axes = ["0:0", "attention_mask:0"]`: input (index or keyword) and axis of each use."""
     if raw is None:
-        check.fail(path, "missing; with `example-inputs`, say where each dim sits, e.g. axes = [\"0:0\", \"attention_mask:0\"]")
+        check.fail(path, 'missing; with `example-inputs`, say where each dim sits, e.g. axes = ["0:0", "attention_mask:0"]')
         return ()
     axes: list[tuple[int | str, int]] = []
     for i, item in enumerate(_array(check, raw, path)):

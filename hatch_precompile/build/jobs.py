@@ -69,9 +69,7 @@ def default_jobs(models: int) -> int:
     return max(1, min(models, cpus, by_memory))
 
 
-def compile_models(
-    models: list[ModelConfig], plan: BuildPlan, say: Callable[[str], None], done: Callable[[str], None]
-) -> dict[str, BuiltModel]:
+def compile_models(models: list[ModelConfig], plan: BuildPlan, say: Callable[[str], None], done: Callable[[str], None]) -> dict[str, BuiltModel]:
     """Build every model, in at most `plan.jobs` workers; entries by model name."""
     workers = _Workers()
     lock = threading.Lock()

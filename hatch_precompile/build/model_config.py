@@ -125,10 +125,7 @@ def _dims_to_plain(dims: dict[str, Dim]) -> dict[str, Any]:
 
 
 def _dims_from_plain(data: dict[str, Any]) -> dict[str, Dim]:
-    return {
-        name: Dim(name, d["min"], d["max"], axes=tuple((which, axis) for which, axis in d["axes"]), buckets=tuple(d["buckets"]), dynamic=d["dynamic"])
-        for name, d in data.items()
-    }
+    return {name: Dim(name, d["min"], d["max"], axes=tuple((which, axis) for which, axis in d["axes"]), buckets=tuple(d["buckets"]), dynamic=d["dynamic"]) for name, d in data.items()}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -137,11 +134,7 @@ class ModelConfig:
     (build/config.py). The fields are in the reference's order."""
 
     name: str
-    factory: str = field(
-        metadata=setting(
-            "factory", IMPORT_PATH, "(required)", "returns the `torch.nn.Module`; imported from the project's source (src or flat layout)", compiled=True
-        )
-    )
+    factory: str = field(metadata=setting("factory", IMPORT_PATH, "(required)", "returns the `torch.nn.Module`; imported from the project's source (src or flat layout)", compiled=True))
     args: tuple[TensorInput, ...] = field(
         default=(),
         metadata=setting(
@@ -160,7 +153,7 @@ class ModelConfig:
             "kwargs",
             "table of input tables",
             "(none)",
-            "keyword inputs, e.g. `kwargs = { attention_mask = { shape = [\"batch\", 64], dtype = \"int64\" } }`",
+            'keyword inputs, e.g. `kwargs = { attention_mask = { shape = ["batch", 64], dtype = "int64" } }`',
             compiled=True,
             to_plain=lambda kwargs: {k: _input_to_plain(i) for k, i in kwargs.items()},
             from_plain=lambda data: {k: _input_from_plain(i) for k, i in data.items()},
@@ -189,16 +182,14 @@ class ModelConfig:
     )
     dims: dict[str, Dim] = field(
         default_factory=dict,
-        metadata=setting(
-            "dims", "table", "`{}`", "the named dims: dynamic ranges and/or buckets, see below", compiled=True, keyed=True, to_plain=_dims_to_plain, from_plain=_dims_from_plain
-        ),
+        metadata=setting("dims", "table", "`{}`", "the named dims: dynamic ranges and/or buckets, see below", compiled=True, keyed=True, to_plain=_dims_to_plain, from_plain=_dims_from_plain),
     )
     weights: Weights = field(
         default="embed",
         metadata=setting(
             "weights",
-            "`\"embed\"` \\| `\"factory\"`",
-            "`\"embed\"`",
+            '`"embed"` \\| `"factory"`',
+            '`"embed"`',
             "`embed`: ship parameters, buffers and constants as safetensors; `factory`: ship nothing but constants, call the factory at load "
             "(an int8 model has its weights compiled in: only its eager fallback calls the factory)",
         ),
@@ -207,7 +198,7 @@ class ModelConfig:
         default=None,
         metadata=setting(
             "dtype",
-            "`\"float32\"` \\| `\"bfloat16\"` \\| `\"float16\"`",
+            '`"float32"` \\| `"bfloat16"` \\| `"float16"`',
             "(unchanged)",
             "convert the module's floating-point state before capture",
             compiled=True,
@@ -226,10 +217,8 @@ class ModelConfig:
             keyed=True,
         ),
     )
-    fallback: Fallback = field(default="eager", metadata=setting("fallback", "`\"eager\"` \\| `\"error\"`", "the table's `fallback`", "per-model override"))
-    cpu_targets: tuple[str, ...] = field(
-        default=DEFAULT_CPU_TARGETS, metadata=setting("cpu-targets", "array", "the table's `cpu-targets`", "per-model override", to_plain=list, from_plain=tuple)
-    )
+    fallback: Fallback = field(default="eager", metadata=setting("fallback", '`"eager"` \\| `"error"`', "the table's `fallback`", "per-model override"))
+    cpu_targets: tuple[str, ...] = field(default=DEFAULT_CPU_TARGETS, metadata=setting("cpu-targets", "array", "the table's `cpu-targets`", "per-model override", to_plain=list, from_plain=tuple))
     accuracy: AccuracyBounds = field(
         default=AccuracyBounds(),
         metadata=setting(
@@ -246,7 +235,7 @@ class ModelConfig:
         default=None,
         metadata=setting(
             "quantize",
-            "`\"int8\"`",
+            '`"int8"`',
             "(none)",
             "quantize the float32 module to int8 (PT2E, torchao's X86InductorQuantizer; see [int8](#int8)); needs torchao in the build environment",
             compiled=True,
@@ -267,10 +256,9 @@ class ModelConfig:
         default="classes",
         metadata=setting(
             "outputs",
-            "`\"classes\"` \\| `\"plain\"`",
-            "`\"classes\"`",
-            "`plain`: `load_compiled` returns dicts and tuples where the module returns library output classes or named "
-            "tuples, so their library (transformers: about 1 s) is never imported",
+            '`"classes"` \\| `"plain"`',
+            '`"classes"`',
+            "`plain`: `load_compiled` returns dicts and tuples where the module returns library output classes or named tuples, so their library (transformers: about 1 s) is never imported",
         ),
     )
 

@@ -115,12 +115,7 @@ def system_needs(kernels: Iterable[KernelNeeds], provided_by_torch: set[str]) ->
 
 
 def _newest(versions: dict[str, set[str]], prefix: str) -> str:
-    numbers = [
-        tuple(int(part) for part in name[len(prefix) :].split("."))
-        for names in versions.values()
-        for name in names
-        if name.startswith(prefix) and re.fullmatch(r"[\d.]+", name[len(prefix) :])
-    ]
+    numbers = [tuple(int(part) for part in name[len(prefix) :].split(".")) for names in versions.values() for name in names if name.startswith(prefix) and re.fullmatch(r"[\d.]+", name[len(prefix) :])]
     return ".".join(map(str, max(numbers))) if numbers else ""
 
 

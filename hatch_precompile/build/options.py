@@ -27,7 +27,7 @@ SUPPORTED = {
 REFUSED = {
     "freezing": (
         "the graph takes its weights as inputs, so inductor's freezing would freeze nothing, and a frozen graph "
-        "cannot be saved as an AOT artifact on torch 2.13-2.15 (AOTCompiledArtifact.save fails with \"TypeError: "
+        'cannot be saved as an AOT artifact on torch 2.13-2.15 (AOTCompiledArtifact.save fails with "TypeError: '
         "'NoneType' object is not callable\"); remove it"
     ),
     "cpp_wrapper": (

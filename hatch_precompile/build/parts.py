@@ -46,10 +46,7 @@ def read_parts(folders: tuple[Path, ...], config: PrecompileConfig) -> dict[str,
             problems.append(f"{PARTS_VARIABLE}: {folder} is not a part ({PART_FILE}: {error}); make one with `hatch-precompile compile-part`")
             continue
         if part.get("format") != PART_FORMAT or part.get("plugin") != plugin_fingerprint():
-            problems.append(
-                f"part {folder} was made by another hatch-precompile than this build's; "
-                "make parts with the same hatch-precompile as the wheel build (pin it in [build-system] requires)"
-            )
+            problems.append(f"part {folder} was made by another hatch-precompile than this build's; make parts with the same hatch-precompile as the wheel build (pin it in [build-system] requires)")
             continue
         for name, held in part["models"].items():
             model = config.models.get(name)
@@ -61,10 +58,7 @@ def read_parts(folders: tuple[Path, ...], config: PrecompileConfig) -> dict[str,
             settings = model_settings(type(model))
             changed = [settings[k].key for k, v in model.compiled_json().items() if held["config"].get(k) != v]
             if changed:
-                problems.append(
-                    f"part {folder}: model {name!r} was compiled from another configuration "
-                    f"({', '.join(f'{TABLE}.models.{name}.{key}' for key in changed)} differ); rebuild the part"
-                )
+                problems.append(f"part {folder}: model {name!r} was compiled from another configuration ({', '.join(f'{TABLE}.models.{name}.{key}' for key in changed)} differ); rebuild the part")
                 continue
             for file, artifact in held["artifacts"].items():
                 claim = Claim(artifact["key"], folder, artifact["built_with"])
@@ -101,8 +95,6 @@ def write_part_file(out: Path, config: PrecompileConfig, compiled: dict[str, Bui
     for name, model in compiled.items():
         part["models"][name] = {
             "config": config.models[name].to_json(),
-            "artifacts": {
-                a["file"]: {"key": model.keys[a["file"]], "built_with": a["built_with"]} for a in model.entry["artifacts"]
-            },
+            "artifacts": {a["file"]: {"key": model.keys[a["file"]], "built_with": a["built_with"]} for a in model.entry["artifacts"]},
         }
     (out / PART_FILE).write_text(json.dumps(part, indent=1), encoding="utf-8")

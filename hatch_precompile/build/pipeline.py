@@ -71,8 +71,7 @@ def ready_source(root: Path, config: PrecompileConfig, report: Reporter) -> tupl
         written = write_source_loader(package_dir)
     except OSError as error:
         report.warning(
-            f"precompile: could not write the loader into {where}/ ({error}); the wheel still gets it, "
-            "but a package that imports it in __init__.py cannot be imported from this source tree"
+            f"precompile: could not write the loader into {where}/ ({error}); the wheel still gets it, but a package that imports it in __init__.py cannot be imported from this source tree"
         )
     else:
         if written:

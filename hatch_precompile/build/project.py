@@ -16,7 +16,6 @@ from .config import TABLE, ConfigError
 _NOT_PACKAGES = {"tests", "test", "docs", "examples", "benchmarks", "scripts"}
 
 
-
 def read_pyproject(root: Path) -> dict[str, Any]:
     """`root`/pyproject.toml, parsed; ConfigError when it is missing or not TOML."""
     pyproject = root / "pyproject.toml"

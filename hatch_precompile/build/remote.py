@@ -83,10 +83,7 @@ def url_problem(url: str, *, from_table: bool) -> str | None:
     if not parts.netloc:
         return f"{masked(url)!r} names no host (redis) or bucket (s3)"
     if from_table and parts.password is not None:
-        return (
-            "a password in pyproject.toml would be published with the project's source: set the URL with its "
-            "password in HATCH_PRECOMPILE_REMOTE_CACHE instead (in CI, from a secret)"
-        )
+        return "a password in pyproject.toml would be published with the project's source: set the URL with its password in HATCH_PRECOMPILE_REMOTE_CACHE instead (in CI, from a secret)"
     if parts.scheme == "s3" and (parts.username or parts.password):
         return "s3:// URLs hold no credentials: boto3 takes them as the AWS tools do (AWS_ACCESS_KEY_ID, ~/.aws, a role)"
     return None
@@ -124,10 +121,7 @@ class Traffic:
 
     def summary(self) -> str:
         megabytes = lambda count: f"{count / 1e6:.1f} MB"  # noqa: E731
-        return (
-            f"{self.hits} hit(s), {self.misses} miss(es), {megabytes(self.bytes_down)} down, "
-            f"{megabytes(self.bytes_up)} up, {self.seconds:.2f} s"
-        )
+        return f"{self.hits} hit(s), {self.misses} miss(es), {megabytes(self.bytes_down)} down, {megabytes(self.bytes_up)} up, {self.seconds:.2f} s"
 
 
 @dataclass
@@ -257,7 +251,7 @@ class _RedisClient:
         try:
             import redis
         except ImportError:
-            raise RemoteUnavailable("it needs redis-py: add \"hatch-precompile[redis]\" to [build-system] requires") from None
+            raise RemoteUnavailable('it needs redis-py: add "hatch-precompile[redis]" to [build-system] requires') from None
         self._errors = (redis.RedisError,)
         self._settings = settings
         self._redis = redis.Redis.from_url(settings.url, socket_connect_timeout=CONNECT_TIMEOUT_S, socket_timeout=IO_TIMEOUT_S)
@@ -288,14 +282,12 @@ class _S3Client:
             import botocore.config
             import botocore.exceptions
         except ImportError:
-            raise RemoteUnavailable("it needs boto3: add \"hatch-precompile[s3]\" to [build-system] requires") from None
+            raise RemoteUnavailable('it needs boto3: add "hatch-precompile[s3]" to [build-system] requires') from None
         parts = urlsplit(settings.url)
         self._bucket, self._prefix = parts.netloc, parts.path.strip("/")
         self._errors = (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError)
         self._settings = settings
-        config = botocore.config.Config(
-            connect_timeout=CONNECT_TIMEOUT_S, read_timeout=IO_TIMEOUT_S, retries={"max_attempts": 2, "mode": "standard"}
-        )
+        config = botocore.config.Config(connect_timeout=CONNECT_TIMEOUT_S, read_timeout=IO_TIMEOUT_S, retries={"max_attempts": 2, "mode": "standard"})
         try:
             self._s3 = boto3.client("s3", config=config)
         except self._errors as error:

@@ -96,9 +96,6 @@ def _mismatch(claim: Claim, file: str, built_with: BuiltWith) -> str:
     why = (
         "it was compiled in another environment: " + "; ".join(differences)
         if differences
-        else "the model this build captured differs from the one the part compiled (its code, its example inputs' "
-        "shapes or dtypes, or the plugin changed since)"
+        else "the model this build captured differs from the one the part compiled (its code, its example inputs' shapes or dtypes, or the plugin changed since)"
     )
     return f"part {claim.part} holds {file}, but {why}; rebuild the part from this project and environment, or leave it out to compile {file} here"
-
-

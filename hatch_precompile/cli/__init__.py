@@ -68,9 +68,7 @@ def main(argv: list[str] | None = None, prog: str = "hatch-precompile") -> int:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (function, arguments) in COMMANDS.items():
         doc = function.__doc__ or ""
-        command = commands.add_parser(
-            name, help=doc.split("\n\n")[0].replace("\n", " "), description=doc, formatter_class=_DocstringFormatter
-        )
+        command = commands.add_parser(name, help=doc.split("\n\n")[0].replace("\n", " "), description=doc, formatter_class=_DocstringFormatter)
         for names, options in arguments:
             command.add_argument(*names, **options)
         command.set_defaults(function=function)

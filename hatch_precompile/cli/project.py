@@ -27,10 +27,7 @@ def init(args: argparse.Namespace) -> int:
     if not (args.package_dir / "__init__.py").is_file():
         raise CommandError(f"{args.package_dir} is not a package folder (no __init__.py)")
     write_source_loader(args.package_dir)
-    print(
-        f"wrote {args.package_dir / PRECOMPILED_DIR}/ (generated: keep `_precompiled/` in .gitignore); "
-        f"{args.package_dir / '__init__.py'} imports it with `from ._precompiled import load_compiled`"
-    )
+    print(f"wrote {args.package_dir / PRECOMPILED_DIR}/ (generated: keep `_precompiled/` in .gitignore); {args.package_dir / '__init__.py'} imports it with `from ._precompiled import load_compiled`")
     return OK
 
 
@@ -174,9 +171,7 @@ def _build_system_warnings(build_system: dict[str, Any]) -> list[str]:
     warnings = []
     backend = build_system.get("build-backend")
     if backend not in BACKENDS:
-        warnings.append(
-            f"build-system.build-backend is {backend!r}: models are compiled only under {' or '.join(map(repr, BACKENDS))}"
-        )
+        warnings.append(f"build-system.build-backend is {backend!r}: models are compiled only under {' or '.join(map(repr, BACKENDS))}")
     requirements: dict[str, Requirement] = {}
     listed = build_system.get("requires", [])
     for text in listed if isinstance(listed, list) else []:
@@ -193,10 +188,7 @@ def _build_system_warnings(build_system: dict[str, Any]) -> list[str]:
         warnings.append("build-system.requires lacks 'hatch-precompile': an isolated build cannot find the precompile hook")
     torch = requirements.get("torch")
     if torch is None or not any(s.operator in ("==", "===") for s in torch.specifier):
-        warnings.append(
-            "build-system.requires does not pin torch (e.g. \"torch==2.13.0\"): the build compiles with whatever torch "
-            "the frontend installs, and the artifacts load only under that torch"
-        )
+        warnings.append('build-system.requires does not pin torch (e.g. "torch==2.13.0"): the build compiles with whatever torch the frontend installs, and the artifacts load only under that torch')
     return warnings
 
 

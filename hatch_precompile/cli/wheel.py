@@ -1,8 +1,6 @@
 """Commands on a built wheel: inspect and verify. Wheels are read as zip files:
 nothing is installed, and nothing from the wheel is imported or executed."""
 
-
-
 from __future__ import annotations
 
 import argparse
@@ -79,10 +77,7 @@ def open_wheel(path: Path) -> Wheel:
     names = archive.namelist()
     manifests = [n for n in names if n.count("/") == 2 and n.endswith(f"/{PRECOMPILED_DIR}/{MANIFEST_FILE}")]
     if not manifests:
-        raise CommandError(
-            f"{path}: no <package>/{PRECOMPILED_DIR}/{MANIFEST_FILE} in this wheel: it was not built with the "
-            "hatch-precompile hook (or was built with --no-hooks)"
-        )
+        raise CommandError(f"{path}: no <package>/{PRECOMPILED_DIR}/{MANIFEST_FILE} in this wheel: it was not built with the hatch-precompile hook (or was built with --no-hooks)")
     if len(manifests) > 1:
         raise CommandError(f"{path}: several precompiled packages in one wheel ({', '.join(manifests)}); expected one")
     dist_infos = sorted({n.split("/")[0] + "/" for n in names if n.split("/")[0].endswith(".dist-info")})
@@ -370,12 +365,7 @@ def _recorded_digest(source: bytes) -> str | None:
     except (SyntaxError, ValueError):
         return None
     for node in tree.body:
-        if (
-            isinstance(node, ast.Assign)
-            and [getattr(t, "id", None) for t in node.targets] == ["MANIFEST_SHA256"]
-            and isinstance(node.value, ast.Constant)
-            and isinstance(node.value.value, str)
-        ):
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["MANIFEST_SHA256"] and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
             return node.value.value
     return None
 

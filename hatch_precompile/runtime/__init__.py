@@ -222,9 +222,7 @@ class CompiledModel:
         self.name, self._model = name, model
         self._inputs, self._outputs = model["inputs"], model["outputs"]
         keywords = set(model["inputs"]["tree"]["children"][1].get("keys", []))
-        self._keyword_constants = {
-            leaf["name"]: leaf["value"] for leaf in model["inputs"]["leaves"] if "value" in leaf and leaf["name"] in keywords
-        }
+        self._keyword_constants = {leaf["name"]: leaf["value"] for leaf in model["inputs"]["leaves"] if "value" in leaf and leaf["name"] in keywords}
         self._variants, self._classes = variants, classes
         self._no_grad = torch.no_grad
         order = model["weights"]["order"]

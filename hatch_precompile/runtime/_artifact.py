@@ -31,8 +31,7 @@ def load(name: str, model: ModelEntry, artifact: ArtifactEntry) -> Callable[[lis
         raise PrecompiledIntegrityError(f"{HERE / artifact['file']}: {error}") from None
     if key.hex() != artifact["built_with"]["torch_key"]:
         raise PrecompiledIntegrityError(
-            f"{HERE / artifact['file']} was written by another torch build than the manifest says "
-            f"(torch key {key.hex()[:16]}..., manifest {artifact['built_with']['torch_key'][:16]}...)"
+            f"{HERE / artifact['file']} was written by another torch build than the manifest says (torch key {key.hex()[:16]}..., manifest {artifact['built_with']['torch_key'][:16]}...)"
         )
     try:
         with _private_inductor_cache(), _torch_private.shipped_kernels(kernels):

@@ -23,10 +23,7 @@ def flatten_call(name: str, tree: TreeSpec, args: tuple[Any, ...], kwargs: dict[
     expected = set(kwarg_spec.get("keys", []))
     if set(kwargs) != expected:
         missing, unexpected = sorted(expected - set(kwargs)), sorted(set(kwargs) - expected)
-        raise ValueError(
-            f"model {name!r}: keyword arguments differ from the compiled signature: "
-            f"missing {missing or 'none'}, unexpected {unexpected or 'none'}"
-        )
+        raise ValueError(f"model {name!r}: keyword arguments differ from the compiled signature: missing {missing or 'none'}, unexpected {unexpected or 'none'}")
     leaves: list[Any] = []
     _flatten(name, (args, kwargs), tree, "", leaves)
     return leaves

@@ -149,9 +149,7 @@ def digest_mismatch(size: int, sha256: str, record: Mapping[str, Any]) -> str:
 
 def _check(path: Path, mismatch: str) -> None:
     if mismatch:
-        raise PrecompiledIntegrityError(
-            f"{path} does not match the manifest ({mismatch}): it was modified or truncated; reinstall the package"
-        )
+        raise PrecompiledIntegrityError(f"{path} does not match the manifest ({mismatch}): it was modified or truncated; reinstall the package")
 
 
 def _missing(path: Path) -> PrecompiledIntegrityError:

@@ -49,9 +49,7 @@ def make_runner(
 ) -> Callable[[list[Any]], Any]:
     """Run a lean module's source with its kernels and constants bound; returns
     its `call`, preceded by the alignment copies inductor's own wrapper makes."""
-    call = _torch_private.run_lean_module(
-        source, filename, extern_kernels, lambda key: _torch_private.load_kernel(kernels[key], key), constants
-    )
+    call = _torch_private.run_lean_module(source, filename, extern_kernels, lambda key: _torch_private.load_kernel(kernels[key], key), constants)
 
     def run(flat: list[Any]) -> Any:
         for index in inputs_to_check:

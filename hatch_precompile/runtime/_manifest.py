@@ -64,10 +64,7 @@ class Plan:
 def plan(name: str, manifest: Manifest | None = None) -> Plan:
     manifest = manifest or read_manifest()
     if manifest is None:
-        reason = (
-            f"no compiled artifacts next to {HERE} (a source checkout, an editable install, "
-            "or a wheel built without the precompile hook)"
-        )
+        reason = f"no compiled artifacts next to {HERE} (a source checkout, an editable install, or a wheel built without the precompile hook)"
         return Plan(_model_from_source_config(name), None, [], reason)
     model = manifest["models"].get(name)
     if model is None:
@@ -86,10 +83,7 @@ def fallback_policy(requested: str | None, model: SourceModel) -> str:
 
 
 def unavailable(name: str, reason: str) -> str:
-    return (
-        f"model {name!r}: {reason}. Build and install a wheel with the hatch-precompile hook "
-        "(`hatch build`, `python -m build`, `pip wheel .`) using the torch and Python you deploy with."
-    )
+    return f"model {name!r}: {reason}. Build and install a wheel with the hatch-precompile hook (`hatch build`, `python -m build`, `pip wheel .`) using the torch and Python you deploy with."
 
 
 def read_manifest() -> Manifest | None:
@@ -177,14 +171,10 @@ def _choose(model: ModelEntry) -> tuple[list[Choice], str]:
             artifact_form = ["an int8 variant has none"] if "constants" in unfit else forms["artifact"]
             problems.append(f"the lean form: {', '.join(lean)}; the artifact form: {', '.join(artifact_form)}")
         reasons.append(
-            f"{first['file']} was built with torch {built['torch']} ({built['torch_git'][:12]}) on "
-            f"cp{built['python'].replace('.', '')} {built['platform']} for {target}: " + ", ".join(problems)
+            f"{first['file']} was built with torch {built['torch']} ({built['torch_git'][:12]}) on cp{built['python'].replace('.', '')} {built['platform']} for {target}: " + ", ".join(problems)
         )
     found = ", ".join(sorted(here["cpu_features"])) or "none"
-    running = (
-        f"running torch {here['torch']} ({here['torch_git'][:12]}) on cp{here['python'].replace('.', '')} "
-        f"{here['platform']} with {here['aten_capability']} kernels and CPU features: {found}"
-    )
+    running = f"running torch {here['torch']} ({here['torch_git'][:12]}) on cp{here['python'].replace('.', '')} {here['platform']} with {here['aten_capability']} kernels and CPU features: {found}"
     return [], f"no shipped artifact fits this process: {'; '.join(reasons)}; {running}"
 
 
@@ -308,7 +298,4 @@ def _model_from_source_config(name: str) -> SourceModel:
                 "dtype": config.get("dtype"),
                 "fallback": config.get("fallback", table.get("fallback", "eager")),
             }
-    raise PrecompiledModelError(
-        f"model {name!r}: no manifest.json next to {HERE} and no pyproject.toml above it: "
-        "this package was built without the hatch-precompile hook"
-    )
+    raise PrecompiledModelError(f"model {name!r}: no manifest.json next to {HERE} and no pyproject.toml above it: this package was built without the hatch-precompile hook")

@@ -23,7 +23,4 @@ def import_op_libraries(op_libraries: dict[str, str]) -> None:
         try:
             importlib.import_module(module)
         except ImportError as error:
-            raise OpLibraryError(
-                f"the compiled graph calls the custom op {op}, which {module} defines, and importing it failed "
-                f"({error}); install the package that provides {module}"
-            ) from None
+            raise OpLibraryError(f"the compiled graph calls the custom op {op}, which {module} defines, and importing it failed ({error}); install the package that provides {module}") from None

@@ -191,9 +191,7 @@ class _ReadyKernels:
         pass
 
 
-def assert_tensor_metadata(
-    tensor: Any, expected_size: tuple[Any, ...], expected_stride: tuple[Any, ...], expected_dtype: Any, op_name: str | None = None
-) -> None:
+def assert_tensor_metadata(tensor: Any, expected_size: tuple[Any, ...], expected_stride: tuple[Any, ...], expected_dtype: Any, op_name: str | None = None) -> None:
     """inductor's `torch._inductor.runtime.runtime_utils.assert_tensor_metadata`
     (torch 2.14, 2.15), without importing inductor: a fallback op's output has the
     dtype, sizes and strides the compile expected."""
@@ -206,9 +204,7 @@ def assert_tensor_metadata(
     torch._C._dynamo.guards.assert_size_stride(tensor, expected_size, expected_stride, op_name)
 
 
-def run_lean_module(
-    source: str, filename: str, extern_kernels: list[str], kernel: Callable[[str], Any], constants: dict[str, Any]
-) -> Callable[[list[Any]], tuple[Any, ...]]:
+def run_lean_module(source: str, filename: str, extern_kernels: list[str], kernel: Callable[[str], Any], constants: dict[str, Any]) -> Callable[[list[Any]], tuple[Any, ...]]:
     """Execute a lean module's source with the loader's bindings; return its `call`.
     `kernel(key)` gives a shipped kernel's entry function; `extern_kernels` names
     the torch functions the module calls as `extern_kernels.<name>`; `constants`

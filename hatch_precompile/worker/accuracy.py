@@ -83,9 +83,7 @@ def figures(compiled: torch.Tensor, reference: torch.Tensor) -> dict[str, float]
     return {"relative_error": relative, "cosine": cosine}
 
 
-def check_accuracy(
-    model: ModelConfig, compiled: list[Any], eager: list[Any], reference: list[Any] | None, where: str = "on the example inputs"
-) -> AccuracyRecord:
+def check_accuracy(model: ModelConfig, compiled: list[Any], eager: list[Any], reference: list[Any] | None, where: str = "on the example inputs") -> AccuracyRecord:
     """Check a compiled artifact's outputs (see the module docstring); returns the
     manifest's record of them, or raises ModelBuildError saying which output
     missed which bound, and by how much. `reference` is the float32 module's
@@ -107,8 +105,7 @@ def check_accuracy(
             raise ModelBuildError(
                 name,
                 step,
-                f"output {index} differs from the eager module by up to {worst:.3g} "
-                f"(tolerance rtol={ELEMENTWISE['rtol']}, atol={ELEMENTWISE['atol']}) {where}",
+                f"output {index} differs from the eager module by up to {worst:.3g} (tolerance rtol={ELEMENTWISE['rtol']}, atol={ELEMENTWISE['atol']}) {where}",
             )
         measured = figures(c, r)
         if bounds is not None:

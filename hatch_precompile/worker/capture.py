@@ -94,14 +94,10 @@ def import_object(model: str, key: str, spec: str) -> Any:
     try:
         target: Any = importlib.import_module(module_name)
     except Exception as error:
-        raise ModelBuildError(
-            model, f"importing {key} = {spec!r}", f"cannot import module {module_name!r}: {_one_line(error)}"
-        ) from None
+        raise ModelBuildError(model, f"importing {key} = {spec!r}", f"cannot import module {module_name!r}: {_one_line(error)}") from None
     for part in attribute.split("."):
         if not hasattr(target, part):
-            raise ModelBuildError(
-                model, f"importing {key} = {spec!r}", f"{getattr(target, '__name__', target)!r} has no attribute {part!r}"
-            )
+            raise ModelBuildError(model, f"importing {key} = {spec!r}", f"{getattr(target, '__name__', target)!r} has no attribute {part!r}")
         target = getattr(target, part)
     if not callable(target):
         raise ModelBuildError(model, f"importing {key} = {spec!r}", f"expected a callable, found {type(target).__name__}")
@@ -211,9 +207,7 @@ def _export(model: ModelConfig, module: torch.nn.Module, fixed: dict[str, int]) 
     else:
         args, kwargs, arg_dims, kwarg_dims = _example_inputs_from_shapes(model, fixed)
 
-    export_dims = {
-        d: torch.export.Dim(d, min=spec.min, max=spec.max) for d, spec in model.dims.items() if d not in fixed
-    }
+    export_dims = {d: torch.export.Dim(d, min=spec.min, max=spec.max) for d, spec in model.dims.items() if d not in fixed}
 
     def dynamic(value: Any, axes: dict[int, str]) -> Any:
         """export's dynamic_shapes entry for one input: Dims by axis for a tensor,
@@ -233,11 +227,7 @@ def _export(model: ModelConfig, module: torch.nn.Module, fixed: dict[str, int]) 
     except TypeError as error:
         raise ModelBuildError(name, "matching inputs to forward()", f"the declared inputs do not fit forward(): {error}") from None
     dynamic_shapes = dict(bound.arguments) or None
-    sizes = {
-        dim: value.shape[axis]
-        for value, axes in [*zip(args, arg_dims), *((kwargs[k], a) for k, a in kwarg_dims.items())]
-        for axis, dim in axes.items()
-    }
+    sizes = {dim: value.shape[axis] for value, axes in [*zip(args, arg_dims), *((kwargs[k], a) for k, a in kwarg_dims.items())] for axis, dim in axes.items()}
     strict_because = ""
     try:
         with torch.no_grad():
@@ -328,9 +318,7 @@ def _describe_inputs(
     return leaves
 
 
-def _example_inputs_from_shapes(
-    model: ModelConfig, fixed: dict[str, int]
-) -> tuple[tuple, dict, list[dict[int, str]], dict[str, dict[int, str]]]:
+def _example_inputs_from_shapes(model: ModelConfig, fixed: dict[str, int]) -> tuple[tuple, dict, list[dict[int, str]], dict[str, dict[int, str]]]:
     specs = [*model.args, *model.kwargs.values()]
     static_sizes = {s for spec in specs for s in spec.shape if isinstance(s, int)}
     static_sizes |= set(fixed.values())
@@ -397,12 +385,7 @@ def _example_inputs_from_callable(model: str, spec: str) -> tuple[tuple, dict]:
         result = make()
     except Exception:
         raise ModelBuildError(model, f"calling {key} {spec!r}", traceback.format_exc()) from None
-    if not (
-        isinstance(result, tuple)
-        and len(result) == 2
-        and isinstance(result[0], (tuple, list))
-        and isinstance(result[1], dict)
-    ):
+    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], (tuple, list)) and isinstance(result[1], dict)):
         raise ModelBuildError(
             model,
             f"calling {key} {spec!r}",
@@ -420,12 +403,8 @@ def _dims_from_axes(model: ModelConfig, args: tuple, kwargs: dict) -> tuple[list
             where = f"tool.hatch.build.hooks.precompile.models.{model.name}.dims.{dim}.axes"
             value = (args[which] if which < len(args) else None) if isinstance(which, int) else kwargs.get(which)
             if not isinstance(value, torch.Tensor) or axis >= value.dim():
-                found = "nothing" if value is None else f"a {type(value).__name__}" + (
-                    f" with {value.dim()} dims" if isinstance(value, torch.Tensor) else ""
-                )
-                raise ModelBuildError(
-                    model.name, "reading example inputs", f"{where}: '{which}:{axis}' expects a tensor with an axis {axis}, found {found}"
-                )
+                found = "nothing" if value is None else f"a {type(value).__name__}" + (f" with {value.dim()} dims" if isinstance(value, torch.Tensor) else "")
+                raise ModelBuildError(model.name, "reading example inputs", f"{where}: '{which}:{axis}' expects a tensor with an axis {axis}, found {found}")
             (arg_dims[which] if isinstance(which, int) else kwarg_dims[which])[axis] = dim
     return arg_dims, kwarg_dims
 
@@ -464,18 +443,13 @@ def _capture_failure(model: ModelConfig, module: torch.nn.Module, fixed: dict[st
             "(the build makes its examples at the smallest size in each range other than 1, or at a bucket's size)."
         )
     if not _exports(model, module, {**fixed, **static}):
-        return (
-            "torch.export cannot capture the model even with every declared dim static, so no `dims` setting helps: "
-            f"the model's code must change\n\ntorch's message:\n{message}"
-        )
+        return f"torch.export cannot capture the model even with every declared dim static, so no `dims` setting helps: the model's code must change\n\ntorch's message:\n{message}"
     blocking = [d for d in dynamic if _exports(model, module, {**fixed, d: static[d]})]
     by_axes = bool(model.example_inputs)
     items = []
     for dim in blocking or dynamic:
         path = f"{TABLE}.models.{model.name}.dims.{dim}"
-        advice = f"Make it static by removing `{dim}` from dims" if by_axes else (
-            f"Declare the sizes the model supports as buckets, e.g. `{dim} = [{static[dim]}]` (a static artifact each)"
-        )
+        advice = f"Make it static by removing `{dim}` from dims" if by_axes else (f"Declare the sizes the model supports as buckets, e.g. `{dim} = [{static[dim]}]` (a static artifact each)")
         items.append(f"  - {path} = {_declared(model.dims[dim])}\n    {advice}, or fix the model so that it does not need a fixed {dim}.")
     if blocking:
         head = f"the model's code needs a fixed size for {_count(blocking, 'declared dim')}: torch.export captures it with {_listed(blocking)} static, not dynamic:"
@@ -524,9 +498,7 @@ def _finding(dim: str, spec: Dim, fix: DimFix, by_axes: bool) -> tuple[str, str]
     fix_model = f"or fix the model so that it does not depend on the size of {dim}"
     if fix.base is not None:
         related = _linear(fix.scale, fix.base, fix.offset)
-        advice = f"Use one dim for both (`{related}` in place of `{dim}`)" if related == fix.base else (
-            "Dims cannot be tied to each other: make one of them static"
-        )
+        advice = f"Use one dim for both (`{related}` in place of `{dim}`)" if related == fix.base else ("Dims cannot be tied to each other: make one of them static")
         return f"the model only works when {dim} == {related}", f"{advice}, {fix_model}."
     step = max(fix.scale, 1)  # a constant (scale 0) is a range of one size
     lowest = max(spec.min, fix.scale * fix.low + fix.offset)
@@ -539,9 +511,7 @@ def _finding(dim: str, spec: Dim, fix: DimFix, by_axes: bool) -> tuple[str, str]
         return found, f"{static or bucket}, {fix_model}."
     if step == 1:
         narrow = f"min = {sizes[0]}, max = {sizes[-1]}"
-        advice = f"Narrow the range to {narrow}" if by_axes else (
-            f"Narrow the range: `{dim} = {{ {narrow} }}`, declare `buckets` for the sizes the model supports"
-        )
+        advice = f"Narrow the range to {narrow}" if by_axes else (f"Narrow the range: `{dim} = {{ {narrow} }}`, declare `buckets` for the sizes the model supports")
         return f"the model only works for {dim} in [{sizes[0]}, {sizes[-1]}]", f"{advice}, {fix_model}."
     listed = ", ".join(map(str, sizes)) if len(sizes) <= 8 else f"{sizes[0]}, {sizes[1]}, ..., {sizes[-1]}"
     buckets = ", ".join(map(str, sizes if len(sizes) <= 8 else sizes[:4]))

@@ -44,9 +44,8 @@ from .weights import lifted_weights
 CHECK_DIR = "lean-check"  # scratch: inputs and expected outputs for the fresh-process check
 Runner = Callable[[list[Any]], Any]  # a compiled graph: its flat inputs -> its flat outputs
 
-def model_entry(
-    model: ModelConfig, captured: Captured, weights: WeightsEntry, op_libraries: dict[str, str], artifacts: list[ArtifactEntry]
-) -> ModelEntry:
+
+def model_entry(model: ModelConfig, captured: Captured, weights: WeightsEntry, op_libraries: dict[str, str], artifacts: list[ArtifactEntry]) -> ModelEntry:
     """The model's manifest entry (less file sizes and hashes, added at assembly)."""
     exported = captured.exported
     return {
@@ -61,10 +60,7 @@ def model_entry(
             "tree": torch_internals.treespec_to_json(exported.call_spec.out_spec),
             "leaves": _output_leaves(exported, captured),
         },
-        "dims": {
-            d: {"min": spec.min, "max": spec.max, "buckets": list(spec.buckets), "dynamic": spec.dynamic}
-            for d, spec in model.dims.items()
-        },
+        "dims": {d: {"min": spec.min, "max": spec.max, "buckets": list(spec.buckets), "dynamic": spec.dynamic} for d, spec in model.dims.items()},
         "weights": weights,
         "op_libraries": op_libraries,
         "artifacts": artifacts,
@@ -314,9 +310,7 @@ def _saved_runner(out_dir: Path, entry: ArtifactEntry) -> Runner:
     return lambda inputs: artifact(*inputs)
 
 
-def _static_lean_record(
-    model: ModelConfig, captured: Captured, output_module: tuple[str, list[int], str], entry: ArtifactEntry, out_dir: Path
-) -> LeanRecord:
+def _static_lean_record(model: ModelConfig, captured: Captured, output_module: tuple[str, list[int], str], entry: ArtifactEntry, out_dir: Path) -> LeanRecord:
     """Write the artifact's lean module, or say why there is none; the module is
     then run in a fresh process (`lean.check_in_fresh_process`)."""
     source, inputs_to_check, refused = output_module
@@ -349,13 +343,7 @@ def _output_leaves(exported: torch.export.ExportedProgram, captured: Captured) -
     """Dtype and shape of each output, sizes named after the dims where they are one."""
     placeholders = [n for n in exported.graph_module.graph.nodes if n.op == "placeholder"]
     user_inputs = placeholders[len(placeholders) - len(captured.input_leaves) :]
-    dim_of_symbol = {
-        str(size): want
-        for node, leaf in zip(user_inputs, captured.input_leaves)
-        if "shape" in leaf
-        for size, want in zip(node.meta["val"].shape, leaf["shape"])
-        if isinstance(want, str)
-    }
+    dim_of_symbol = {str(size): want for node, leaf in zip(user_inputs, captured.input_leaves) if "shape" in leaf for size, want in zip(node.meta["val"].shape, leaf["shape"]) if isinstance(want, str)}
     output_node = next(iter(reversed(exported.graph_module.graph.nodes)))
     kinds = [spec.kind.name for spec in exported.graph_signature.output_specs]
     leaves: list[OutputLeaf] = []

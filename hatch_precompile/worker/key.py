@@ -26,9 +26,7 @@ from . import torch_internals
 from .capture import Captured
 
 
-def artifact_key(
-    model: ModelConfig, captured: Captured, fixed: dict[str, int], target: CpuTarget, quantized: torch.fx.GraphModule | None = None
-) -> str:
+def artifact_key(model: ModelConfig, captured: Captured, fixed: dict[str, int], target: CpuTarget, quantized: torch.fx.GraphModule | None = None) -> str:
     """What an artifact is compiled from, hashed: equal keys compile to the same bytes.
 
     The graph (with every node's shape, stride and dtype), its signature and

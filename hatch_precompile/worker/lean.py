@@ -144,11 +144,7 @@ def rewrite(source: str, built_kernels: set[str], title: str) -> LeanModule:
 def _declares_constant(statement: ast.stmt) -> bool:
     """`name = None` at the top level: a frozen constant inductor binds after loading."""
     return (
-        isinstance(statement, ast.Assign)
-        and len(statement.targets) == 1
-        and isinstance(statement.targets[0], ast.Name)
-        and isinstance(statement.value, ast.Constant)
-        and statement.value.value is None
+        isinstance(statement, ast.Assign) and len(statement.targets) == 1 and isinstance(statement.targets[0], ast.Name) and isinstance(statement.value, ast.Constant) and statement.value.value is None
     )
 
 
@@ -163,12 +159,7 @@ class _ToLineEnd:
 
 def _is_cpp_pybinding(node: ast.Call) -> bool:
     function = node.func
-    return (
-        isinstance(function, ast.Attribute)
-        and function.attr == "cpp_pybinding"
-        and isinstance(function.value, ast.Name)
-        and function.value.id == "async_compile"
-    )
+    return isinstance(function, ast.Attribute) and function.attr == "cpp_pybinding" and isinstance(function.value, ast.Name) and function.value.id == "async_compile"
 
 
 def _kernel_key(node: ast.Call) -> str:
@@ -241,9 +232,5 @@ def _check_request(candidate: LeanCandidate) -> dict[str, Any]:
         "inputs_to_check": candidate.artifact["lean"]["inputs_to_check"],
         "kernels": candidate.artifact["kernels"],
         "kernels_dir": str(candidate.module_path.parent / KERNELS_DIR),  # its model's
-        "constants": (
-            {"file": str(candidate.module_path.parent / candidate.artifact["file"]), "specs": candidate.artifact["constants"]}
-            if "constants" in candidate.artifact
-            else None
-        ),
+        "constants": ({"file": str(candidate.module_path.parent / candidate.artifact["file"]), "specs": candidate.artifact["constants"]} if "constants" in candidate.artifact else None),
     }

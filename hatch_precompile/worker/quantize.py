@@ -68,8 +68,7 @@ def quantize(model: ModelConfig, captured: Captured) -> torch.fx.GraphModule:
         raise ModelBuildError(
             model.name,
             step,
-            "quantize = \"int8\", but X86InductorQuantizer found no layer to quantize: it quantizes linear layers and "
-            f"convolutions{_unquantized_products(converted)}; remove `quantize` for this model",
+            f'quantize = "int8", but X86InductorQuantizer found no layer to quantize: it quantizes linear layers and convolutions{_unquantized_products(converted)}; remove `quantize` for this model',
         )
     return converted
 
@@ -95,16 +94,12 @@ def calibration_batches(model: ModelConfig, captured: Captured) -> Iterable[tupl
         return
     step = f"calibrating with calibration = {model.calibration!r}"
     make = import_object(model.name, "calibration", model.calibration)
-    dims: dict[str, DimRecord] = {
-        name: {"min": spec.min, "max": spec.max, "buckets": [], "dynamic": True} for name, spec in model.dims.items()
-    }
+    dims: dict[str, DimRecord] = {name: {"min": spec.min, "max": spec.max, "buckets": [], "dynamic": True} for name, spec in model.dims.items()}
     count = 0
     try:
         for count, batch in enumerate(make(), start=1):
             if not (isinstance(batch, tuple) and len(batch) == 2 and isinstance(batch[0], (tuple, list)) and isinstance(batch[1], dict)):
-                raise ModelBuildError(
-                    model.name, step, f"batch {count - 1}: expected (args, kwargs), a tuple of a tuple and a dict, got {type(batch).__name__}"
-                )
+                raise ModelBuildError(model.name, step, f"batch {count - 1}: expected (args, kwargs), a tuple of a tuple and a dict, got {type(batch).__name__}")
             args, kwargs = tuple(batch[0]), dict(batch[1])
             try:
                 check_inputs(model.name, captured.input_leaves, dims, flatten_call(model.name, captured.input_tree, args, kwargs))
@@ -128,7 +123,7 @@ def torchao_failure(call: str, error: BaseException) -> str:
     return (
         f"torchao's {call} failed{where}: {_torch_error(error)}\n"
         "What to try: leave that layer out of the module the factory returns where the model can do without it "
-        "(for instance `model.pooler = None`), build this model without `quantize` (float32, or dtype = \"bfloat16\"), "
+        '(for instance `model.pooler = None`), build this model without `quantize` (float32, or dtype = "bfloat16"), '
         f"or report it to torchao with torch {torch.__version__} and torchao {_torchao_version()}"
     )
 
@@ -196,8 +191,7 @@ def _torchao(model: ModelConfig) -> tuple[Any, Any, Any]:
         raise ModelBuildError(
             model.name,
             "quantizing to int8",
-            f"quantize = \"int8\" needs torchao in the build environment ({error}); add \"hatch-precompile[int8]\" "
-            f"(or \"{TORCHAO_REQUIREMENT}\") to [build-system] requires",
+            f'quantize = "int8" needs torchao in the build environment ({error}); add "hatch-precompile[int8]" (or "{TORCHAO_REQUIREMENT}") to [build-system] requires',
         ) from None
     return x86_inductor_quantizer, convert_pt2e, prepare_pt2e
 

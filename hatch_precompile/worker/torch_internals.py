@@ -496,11 +496,7 @@ def captured_kernels() -> Iterator[dict[str, Callable[[], str]]]:
 
 # Builds a kernel's binding against the stable ABI of this CPython and later ones
 # (3.11: 0x030B0000); the two macros outside it become the functions that are in it.
-STABLE_ABI_PRELUDE = (
-    f"#define Py_LIMITED_API 0x{sys.version_info.major:02X}{sys.version_info.minor:02X}0000\n"
-    "#define PyTuple_GET_ITEM PyTuple_GetItem\n"
-    "#define PyTuple_GET_SIZE PyTuple_Size\n"
-)
+STABLE_ABI_PRELUDE = f"#define Py_LIMITED_API 0x{sys.version_info.major:02X}{sys.version_info.minor:02X}0000\n#define PyTuple_GET_ITEM PyTuple_GetItem\n#define PyTuple_GET_SIZE PyTuple_Size\n"
 
 
 def _shipped_kernel_arguments(arguments: dict[str, Any], key: str) -> dict[str, Any]:
@@ -660,10 +656,7 @@ def treespec_to_json(spec: Any) -> TreeSpec:
         return {"type": "namedtuple", "class": _import_path(spec.context), "children": children}
     if isinstance(spec.context, (list, tuple)) and all(isinstance(key, str) for key in spec.context):
         return {"type": "keyed", "class": _import_path(spec.type), "keys": list(spec.context), "children": children}
-    raise TypeError(
-        f"{_import_path(spec.type)} in inputs or outputs is not supported yet; "
-        "use tuples, lists, dicts, named tuples and tensors"
-    )
+    raise TypeError(f"{_import_path(spec.type)} in inputs or outputs is not supported yet; use tuples, lists, dicts, named tuples and tensors")
 
 
 def _import_path(cls: type) -> str:

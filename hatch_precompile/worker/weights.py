@@ -23,11 +23,7 @@ def lifted_weights(captured: Captured) -> dict[str, torch.Tensor]:
     """The parameters, buffers and constants the compiled graph takes before the
     user inputs, by state-dict name, in that order."""
     exported = captured.exported
-    return {
-        s.target: _lifted_tensor(exported, s.target)
-        for s in exported.graph_signature.input_specs
-        if s.kind.name in _LIFTED_KINDS
-    }
+    return {s.target: _lifted_tensor(exported, s.target) for s in exported.graph_signature.input_specs if s.kind.name in _LIFTED_KINDS}
 
 
 def save_weights(model: ModelConfig, captured: Captured, out_dir: Path) -> WeightsEntry:
@@ -41,10 +37,7 @@ def save_weights(model: ModelConfig, captured: Captured, out_dir: Path) -> Weigh
     entry: WeightsEntry = {
         "mode": model.weights,
         "order": list(tensors),
-        "specs": {
-            n: {"kind": kinds[n], "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
-            for n, t in tensors.items()
-        },
+        "specs": {n: {"kind": kinds[n], "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")} for n, t in tensors.items()},
     }
     if shipped:
         from safetensors.torch import save_file

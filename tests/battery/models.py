@@ -216,9 +216,15 @@ def wav2vec2():
     from transformers import Wav2Vec2Config, Wav2Vec2Model
 
     config = Wav2Vec2Config(
-        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-        conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3),
-        num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        conv_dim=(16, 16),
+        conv_stride=(5, 2),
+        conv_kernel=(10, 3),
+        num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=4,
     )
     return Wav2Vec2Model(config)
 
@@ -229,9 +235,21 @@ def whisper_encoder():
     from transformers import WhisperConfig, WhisperModel
 
     config = WhisperConfig(
-        vocab_size=100, num_mel_bins=16, d_model=32, encoder_layers=2, encoder_attention_heads=4,
-        decoder_layers=1, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
-        max_source_positions=32, max_target_positions=32, pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1,
+        vocab_size=100,
+        num_mel_bins=16,
+        d_model=32,
+        encoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_layers=1,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_source_positions=32,
+        max_target_positions=32,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        decoder_start_token_id=1,
     )
     return WhisperModel(config).get_encoder()
 
@@ -344,9 +362,7 @@ class Pooling(nn.Module):
                 "adaptive_avg2d": nn.AdaptiveAvgPool2d(1),
             }
         )
-        self.pools3d = nn.ModuleDict(
-            {"max3d": nn.MaxPool3d(2), "avg3d": nn.AvgPool3d(2), "adaptive_max3d": nn.AdaptiveMaxPool3d(2), "adaptive_avg3d": nn.AdaptiveAvgPool3d(2)}
-        )
+        self.pools3d = nn.ModuleDict({"max3d": nn.MaxPool3d(2), "avg3d": nn.AvgPool3d(2), "adaptive_max3d": nn.AdaptiveMaxPool3d(2), "adaptive_avg3d": nn.AdaptiveAvgPool3d(2)})
 
     def forward(self, signal, image, volume):
         pooled, indices = nn.functional.max_pool2d(image, 2, return_indices=True)
@@ -379,9 +395,16 @@ class Normalization(nn.Module):
 
     def forward(self, signal, image, volume):
         return (
-            self.batch1d(signal), self.instance1d(signal),
-            self.batch2d(image), self.instance2d(image), self.group(image), self.layer(image), self.rms(image), self.local_response(image),
-            self.batch3d(volume), self.instance3d(volume),
+            self.batch1d(signal),
+            self.instance1d(signal),
+            self.batch2d(image),
+            self.instance2d(image),
+            self.group(image),
+            self.layer(image),
+            self.rms(image),
+            self.local_response(image),
+            self.batch3d(volume),
+            self.instance3d(volume),
         )
 
 

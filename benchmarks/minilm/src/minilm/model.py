@@ -9,8 +9,12 @@ from transformers import BertConfig, BertModel
 def minilm() -> torch.nn.Module:
     torch.manual_seed(0)
     config = BertConfig(
-        vocab_size=30522, hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
-        intermediate_size=1536, max_position_embeddings=512,
+        vocab_size=30522,
+        hidden_size=384,
+        num_hidden_layers=6,
+        num_attention_heads=12,
+        intermediate_size=1536,
+        max_position_embeddings=512,
     )
     return BertModel(config).eval()
 
