@@ -21,7 +21,7 @@ from .. import __version__
 from ..runtime import MANIFEST_FORMAT
 from ..runtime._integrity import CHUNK_SIZE, ROW_SIZE, chunk_checksums, file_sha256
 from ..runtime._layout import BUILD_MODULE, KERNELS_DIR, MANIFEST_FILE, PRECOMPILED_DIR, kernel_file
-from ..runtime._schema import ArtifactEntry, FileDigest, ModelEntry
+from ..runtime._schema import ArtifactEntry, FileDigest, ModelEntry, has_lean_form, is_lean_only
 from .native import stricter_platform
 
 RUNTIME_DIR = Path(__file__).parent.parent / "runtime"
@@ -123,7 +123,7 @@ def assemble(staging: Path, package: str, entries: dict[str, ModelEntry]) -> dic
         if "file" in entry["weights"]:
             shipped.append(staging / entry["weights"]["file"])
         shipped.extend(staging / a["file"] for a in entry["artifacts"])
-        shipped.extend(staging / a["lean"]["file"] for a in entry["artifacts"] if "file" in a["lean"])
+        shipped.extend(staging / a["lean"]["file"] for a in entry["artifacts"] if has_lean_form(a))
         shipped.extend(staging / k["file"] for k in entry["kernels"].values())
     return {str(path): f"{package}/{PRECOMPILED_DIR}/{path.relative_to(staging).as_posix()}" for path in dict.fromkeys(shipped)}
 
@@ -143,6 +143,6 @@ def _share_identical_constants(artifacts: list[ArtifactEntry]) -> list[ArtifactE
     made at load), so an int8 model's targets usually share one file."""
     first: dict[str, str] = {}  # sha256 -> the file that ships those bytes
     for artifact in artifacts:
-        if "constants" in artifact:
+        if is_lean_only(artifact):
             artifact["file"] = first.setdefault(artifact["sha256"], artifact["file"])
     return artifacts

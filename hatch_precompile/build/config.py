@@ -9,6 +9,7 @@ for its dependencies, and a configuration error should not cost a torch import.
 from __future__ import annotations
 
 import difflib
+import math
 import re
 import typing
 from collections.abc import Iterable
@@ -397,9 +398,7 @@ def _parse_dims(check: _Checker, raw: Any, path: str, by_axes: bool) -> dict[str
         axes = _parse_axes(check, table.get("axes"), f"{dim_path}.axes") if by_axes else ()
         if len(check.problems) == before and low is not None and high is not None:
             dims[name] = Dim(name=name, min=low, max=high, axes=axes, buckets=buckets, dynamic=dynamic)
-    variants = 1
-    for dim in dims.values():
-        variants *= len(dim.buckets) + dim.dynamic
+    variants = math.prod(len(dim.variants()) for dim in dims.values())  # len(shape_variants(dims)), without listing them
     if variants > MAX_SHAPE_VARIANTS:
         check.fail(path, f"these dims make {variants} shape variants (each compiled per CPU target); at most {MAX_SHAPE_VARIANTS}")
     return dims

@@ -271,6 +271,10 @@ class ModelConfig:
         """The config back from `to_json`'s form, in the compile worker."""
         return cls(name=data["name"], **{name: s.from_plain(data[name]) for name, s in model_settings(cls).items()})
 
+    def shape_variants(self) -> list[dict[str, int]]:
+        """One entry per artifact shape (per CPU target): see `shape_variants`."""
+        return shape_variants(self.dims)
+
     def compiled_json(self) -> dict[str, Any]:
         """The settings that decide what is compiled, in `to_json`'s form."""
         plain = self.to_json()
@@ -280,6 +284,15 @@ class ModelConfig:
         """The settings the artifact key hashes as set, in `to_json`'s form."""
         plain = self.to_json()
         return {name: plain[name] for name, s in model_settings(type(self)).items() if s.keyed}
+
+
+def shape_variants(dims: dict[str, Dim]) -> list[dict[str, int]]:
+    """One entry per artifact shape: the dims fixed to a bucket size (the others
+    stay dynamic), most dynamic first."""
+    variants: list[dict[str, int]] = [{}]
+    for name, dim in dims.items():
+        variants = [{**v, **({name: size} if size is not None else {})} for v in variants for size in dim.variants()]
+    return sorted(variants, key=len)
 
 
 def model_settings(config_class: type[ModelConfig] = ModelConfig) -> dict[str, Setting]:

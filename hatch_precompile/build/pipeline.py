@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..runtime._layout import PRECOMPILED_DIR
+from ..runtime._schema import has_lean_form
 from .assemble import assemble, runtime_requirements, torch_version, wheel_tag
 from .cache import EntryStore
 from .config import ConfigError, PrecompileConfig, parse_config
@@ -103,7 +104,7 @@ def precompile(root: Path, config: PrecompileConfig, package: str, package_dir: 
     entries = {name: model.entry for name, model in compiled.items()}
     files = assemble(staging, package, entries)
     artifacts = [a for entry in entries.values() for a in entry["artifacts"]]
-    stable_abi = all("file" in a["lean"] for a in artifacts)
+    stable_abi = all(has_lean_form(a) for a in artifacts)
     return Precompiled(files, wheel_tag([a["native"]["policy"] for a in artifacts], stable_abi))
 
 

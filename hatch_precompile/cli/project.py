@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -195,7 +194,7 @@ def _build_system_warnings(build_system: dict[str, Any]) -> list[str]:
 def _model_rows(config: Any) -> list[list[str]]:
     rows = []
     for model in config.models.values():
-        variants = math.prod(len(dim.variants()) for dim in model.dims.values())  # shape variants, per CPU target
+        variants = len(model.shape_variants())  # per CPU target
         rows.append(
             [
                 model.name,

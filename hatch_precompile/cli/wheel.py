@@ -19,7 +19,7 @@ from typing import Any
 
 from ..backend.distfiles import record_hash
 from ..runtime._layout import BUILD_MODULE, MANIFEST_FILE, PRECOMPILED_DIR
-from ..runtime._schema import ArtifactEntry, BuiltWith, Manifest, ModelEntry
+from ..runtime._schema import ArtifactEntry, BuiltWith, Manifest, ModelEntry, has_lean_form, is_lean_only
 from ._common import FAILED, OK, CommandError, field_lines, print_json, table
 
 
@@ -184,7 +184,7 @@ def _artifact_rows(manifest: Manifest) -> list[dict[str, Any]]:
                     "artifact": artifact["file"],
                     "cpu_target": artifact["cpu_target"],
                     "cpu_features": artifact["cpu_features"],
-                    "forms": ["lean"] if "constants" in artifact else ["lean", "artifact"] if "file" in artifact["lean"] else ["artifact"],
+                    "forms": ["lean"] if is_lean_only(artifact) else ["lean", "artifact"] if has_lean_form(artifact) else ["artifact"],
                     "lean_file": artifact["lean"].get("file"),
                     "lean_refused": artifact["lean"].get("refused"),
                     "specialized": artifact["specialized"],

@@ -148,9 +148,12 @@ def _output_class(spec: TreeSpec) -> Any:
 
 
 def import_object(spec: str) -> Any:
-    """The object named by "module:attribute.path"."""
+    """The object named by "module:attribute.path". The build imports factories
+    and callables through this too (worker/capture.py)."""
     module_name, _, attribute = spec.partition(":")
     target: Any = importlib.import_module(module_name)
     for part in attribute.split("."):
+        if not hasattr(target, part):
+            raise AttributeError(f"{getattr(target, '__name__', target)!r} has no attribute {part!r}")
         target = getattr(target, part)
     return target

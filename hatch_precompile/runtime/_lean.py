@@ -20,7 +20,7 @@ from ._constants import rebuild_constants
 from ._errors import PrecompiledIntegrityError
 from ._integrity import verified_bytes, verified_kernels
 from ._manifest import HERE
-from ._schema import ArtifactEntry, ModelEntry
+from ._schema import ArtifactEntry, ModelEntry, is_lean_only
 
 
 def load(name: str, model: ModelEntry, artifact: ArtifactEntry) -> Callable[[list[Any]], Any]:
@@ -31,7 +31,7 @@ def load(name: str, model: ModelEntry, artifact: ArtifactEntry) -> Callable[[lis
     source = verified_bytes(lean).decode("utf-8")
     kernels = verified_kernels(model, artifact)
     constants = {}
-    if "constants" in artifact:
+    if is_lean_only(artifact):
         constants = rebuild_constants(verified_bytes(artifact), HERE / artifact["file"], artifact["constants"])
     try:
         return make_runner(source, str(HERE / lean["file"]), kernels, lean["extern_kernels"], lean["inputs_to_check"], constants)

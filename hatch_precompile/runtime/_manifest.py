@@ -18,7 +18,7 @@ from typing import Any
 
 from ._errors import PrecompiledIntegrityError, PrecompiledModelError
 from ._layout import BUILD_MODULE, MANIFEST_FILE
-from ._schema import ArtifactEntry, BuiltWith, Manifest, ModelEntry, NativeNeeds, SourceModel
+from ._schema import ArtifactEntry, BuiltWith, Manifest, ModelEntry, NativeNeeds, SourceModel, TorchAndPython, has_lean_form, is_lean_only
 
 HERE = Path(__file__).resolve().parent
 MANIFEST = HERE / MANIFEST_FILE
@@ -111,7 +111,10 @@ def checked_manifest(data: bytes, expected_sha256: str, where: Path | str) -> Ma
     return manifest
 
 
-def _running_environment() -> dict[str, Any]:
+def torch_and_python() -> TorchAndPython:
+    """This process's torch build and Python, in the form an artifact's `built_with`
+    records them: the build calls this too (worker/key.py), so that the two sides
+    compare the same strings."""
     import torch
 
     return {
@@ -119,9 +122,21 @@ def _running_environment() -> dict[str, Any]:
         "torch_git": torch.version.git_version,
         "python": f"{sys.version_info.major}.{sys.version_info.minor}",
         "platform": sysconfig.get_platform(),
-        "cpu_features": {name for name, present in torch.cpu.get_capabilities().items() if present is True},
-        "aten_capability": torch.backends.cpu.get_cpu_capability(),
     }
+
+
+def cpu_features() -> frozenset[str]:
+    """The features this process's CPU has, by torch's names ("avx512_vnni", ...):
+    what an artifact's `cpu_features` are compared with (the build asks this too)."""
+    import torch
+
+    return frozenset(name for name, present in torch.cpu.get_capabilities().items() if present is True)
+
+
+def _running_environment() -> dict[str, Any]:
+    import torch
+
+    return {**torch_and_python(), "cpu_features": cpu_features(), "aten_capability": torch.backends.cpu.get_cpu_capability()}
 
 
 def requested_form() -> str:
@@ -212,9 +227,9 @@ def form_problems(built: BuiltWith, here: dict[str, Any], requested: str) -> dic
 def _form_for(artifact: ArtifactEntry, forms: dict[str, list[str]]) -> str | None:
     """The form one variant loads in: lean where the build shipped it and it fits, else
     the artifact if that fits (an int8 variant has none)."""
-    if "file" in artifact["lean"] and not forms["lean"]:
+    if has_lean_form(artifact) and not forms["lean"]:
         return "lean"
-    return "artifact" if not forms["artifact"] and "constants" not in artifact else None
+    return "artifact" if not forms["artifact"] and not is_lean_only(artifact) else None
 
 
 def native_problems(native: NativeNeeds) -> list[str]:

@@ -80,14 +80,20 @@ class WeightSpec(TypedDict):
     dtype: str
 
 
-class BuiltWith(TypedDict):
-    """What an artifact depends on; the loader compares it with the running process."""
+class TorchAndPython(TypedDict):
+    """The torch build and Python of a process, as the build records them and the
+    loader compares them (`_manifest.torch_and_python`, called by both)."""
 
     torch: str  # "2.13.0+cpu"
     torch_git: str
-    torch_key: str  # the hash of torch's sources that inductor keys on
     python: str  # "3.11"
     platform: str  # sysconfig's, "linux-x86_64"
+
+
+class BuiltWith(TorchAndPython):
+    """What an artifact depends on; the loader compares it with the running process."""
+
+    torch_key: str  # the hash of torch's sources that inductor keys on
     machine: str
 
 
@@ -169,6 +175,21 @@ class WeightsEntry(TypedDict):
     sha256: NotRequired[str]
     chunk_size: NotRequired[int]
     chunk_checksums: NotRequired[list[int]]
+
+
+def has_lean_form(artifact: ArtifactEntry) -> bool:
+    """Whether the build shipped this variant's lean module (else it said why not, `lean["refused"]`)."""
+    return "file" in artifact["lean"]
+
+
+def is_lean_only(artifact: ArtifactEntry) -> bool:
+    """An int8 variant: its weights are frozen into constants, and it has no artifact form."""
+    return "constants" in artifact
+
+
+def ships_weights(weights: WeightsEntry) -> bool:
+    """Whether the wheel carries a weights file (`weights = "embed"` with any tensor to ship)."""
+    return "file" in weights
 
 
 class FileDigest(TypedDict):

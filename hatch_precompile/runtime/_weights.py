@@ -13,7 +13,7 @@ from ._contract import import_object
 from ._errors import PrecompiledIntegrityError
 from ._integrity import verified_weights
 from ._manifest import HERE
-from ._schema import ModelEntry, SourceModel, WeightsEntry
+from ._schema import ModelEntry, SourceModel, WeightsEntry, ships_weights
 
 # safetensors' dtype names -> torch's
 _DTYPES = {
@@ -66,7 +66,7 @@ def bind_weights(name: str, model: ModelEntry, state_dict: dict[str, Any] | None
     is checked against the name, shape and dtype that were compiled: compiled
     code checks nothing."""
     spec = model["weights"]
-    shipped = read_weights(spec) if "file" in spec else {}
+    shipped = read_weights(spec) if ships_weights(spec) else {}
     if module is not None:
         lookup, source = _tensor_lookup(module), "the module given"
     elif state_dict is not None:

@@ -22,6 +22,7 @@ import torch
 from ..build.config import TABLE
 from ..build.errors import ModelBuildError
 from ..build.model_config import Dim, ModelConfig, TensorInput
+from ..runtime._contract import import_object
 from ..runtime._schema import InputLeaf, TreeSpec
 from .index_bounds import index_bounds
 from .state import mutated_buffers
@@ -89,18 +90,22 @@ class Captured:
             return tree_leaves(reference(*args, **kwargs))
 
 
-def import_object(model: str, key: str, spec: str) -> Any:
-    module_name, _, attribute = spec.partition(":")
+def import_callable(model: str, key: str, spec: str) -> Any:
+    """The callable a model's `key` names, by the loader's own import_object; its
+    module imported first, so that a module that fails to import is told apart
+    from a missing attribute."""
+    step = f"importing {key} = {spec!r}"
+    module_name = spec.partition(":")[0]
     try:
-        target: Any = importlib.import_module(module_name)
+        importlib.import_module(module_name)
     except Exception as error:
-        raise ModelBuildError(model, f"importing {key} = {spec!r}", f"cannot import module {module_name!r}: {_one_line(error)}") from None
-    for part in attribute.split("."):
-        if not hasattr(target, part):
-            raise ModelBuildError(model, f"importing {key} = {spec!r}", f"{getattr(target, '__name__', target)!r} has no attribute {part!r}")
-        target = getattr(target, part)
+        raise ModelBuildError(model, step, f"cannot import module {module_name!r}: {_one_line(error)}") from None
+    try:
+        target = import_object(spec)
+    except AttributeError as error:
+        raise ModelBuildError(model, step, str(error)) from None
     if not callable(target):
-        raise ModelBuildError(model, f"importing {key} = {spec!r}", f"expected a callable, found {type(target).__name__}")
+        raise ModelBuildError(model, step, f"expected a callable, found {type(target).__name__}")
     return target
 
 
@@ -108,7 +113,7 @@ def build_module(model: ModelConfig) -> tuple[torch.nn.Module, torch.nn.Module |
     """The factory's module, in eval mode, converted to the model's `dtype` if set;
     and, for a bfloat16, float16 or int8 model, the float32 module it was converted
     from (for a dtype, a copy: converting works in place), to check its accuracy against."""
-    factory = import_object(model.name, "factory", model.factory)
+    factory = import_callable(model.name, "factory", model.factory)
     try:
         module = factory()
     except Exception:
@@ -128,15 +133,6 @@ def build_module(model: ModelConfig) -> tuple[torch.nn.Module, torch.nn.Module |
     if model.dtype:
         module = module.to(getattr(torch, model.dtype))
     return module, reference
-
-
-def shape_variants(model: ModelConfig) -> list[dict[str, int]]:
-    """One entry per artifact shape: the dims fixed to a bucket size (the others
-    stay dynamic), most dynamic first."""
-    variants: list[dict[str, int]] = [{}]
-    for dim, spec in model.dims.items():
-        variants = [{**v, **({dim: size} if size is not None else {})} for v in variants for size in spec.variants()]
-    return sorted(variants, key=len)
 
 
 def capture(model: ModelConfig, module: torch.nn.Module, fixed: dict[str, int], reference: torch.nn.Module | None = None) -> Captured:
@@ -164,7 +160,7 @@ def _example_steps(model: ModelConfig, captured: Captured) -> list[tuple[tuple, 
     if model.example_steps is None:
         return [(captured.args, captured.kwargs)] * 2
     key = "example-steps"
-    make = import_object(model.name, key, model.example_steps)
+    make = import_callable(model.name, key, model.example_steps)
     try:
         steps = list(make())
     except Exception:
@@ -380,7 +376,7 @@ def _in_call_layout(value: Any) -> Any:
 
 def _example_inputs_from_callable(model: str, spec: str) -> tuple[tuple, dict]:
     key = "example-inputs"
-    make = import_object(model, key, spec)
+    make = import_callable(model, key, spec)
     try:
         result = make()
     except Exception:

@@ -31,7 +31,8 @@ from ..runtime import _torch_private
 from ..runtime._constants import rebuild_constants
 from ..runtime._layout import KERNELS_DIR, artifact_file, constants_file, kernel_file, lean_module_file
 from ..runtime._lean import make_runner
-from ..runtime._schema import ArtifactEntry, LeanRecord, ModelEntry, OutputLeaf, WeightsEntry
+from ..runtime._manifest import cpu_features
+from ..runtime._schema import ArtifactEntry, LeanRecord, ModelEntry, OutputLeaf, WeightsEntry, is_lean_only
 from . import torch_internals
 from .accuracy import check_accuracy, check_steps
 from .capture import Captured, _torch_error
@@ -71,8 +72,7 @@ def cpu_targets(model: ModelConfig) -> list[CpuTarget]:
     """The configured x86-64 targets; elsewhere one target for the build machine's CPU."""
     if is_x86_64():
         return [CPU_TARGETS[name] for name in model.cpu_targets]
-    features = tuple(sorted(k for k, v in torch.cpu.get_capabilities().items() if v is True))
-    return [host_target(features)]
+    return [host_target(tuple(sorted(cpu_features())))]
 
 
 @dataclass
@@ -122,7 +122,7 @@ def produce_artifact(
         entry, outputs, run, output_module = _compile(model, captured, fixed, target, out_dir, file, flat)
         origin = "compiled"
         entry["lean"] = _static_lean_record(model, captured, output_module, entry, out_dir)
-    elif not set(entry["cpu_features"]) <= {f for f, present in torch.cpu.get_capabilities().items() if present is True}:
+    elif not set(entry["cpu_features"]) <= cpu_features():
         return ProducedArtifact(entry, key, origin, None, checked_here=False)
     else:
         run = _saved_runner(out_dir, entry)
@@ -298,7 +298,7 @@ def _saved_runner(out_dir: Path, entry: ArtifactEntry) -> Runner:
     the files beside it, never a compiler); an int8 variant, which has no
     artifact, in its lean form. Returns a function of the flat inputs."""
     kernels = {key: out_dir / KERNELS_DIR / kernel_file(key) for key in entry["kernels"]}
-    if "constants" in entry:
+    if is_lean_only(entry):
         lean, path = entry["lean"], out_dir / entry["file"]
         constants = rebuild_constants(path.read_bytes(), path, entry["constants"])
         module = out_dir / lean["file"]

@@ -12,8 +12,6 @@ import dataclasses
 import hashlib
 import json
 import platform
-import sys
-import sysconfig
 from typing import Any
 
 import torch
@@ -21,6 +19,7 @@ import torch
 from ..build.cache import plugin_fingerprint
 from ..build.model_config import ModelConfig
 from ..build.targets import CpuTarget
+from ..runtime._manifest import torch_and_python
 from ..runtime._schema import BuiltWith
 from . import torch_internals
 from .capture import Captured
@@ -85,11 +84,4 @@ def _describe_value(value: Any) -> str:
 
 def build_environment() -> BuiltWith:
     """What an artifact depends on; the loader compares these with the running process."""
-    return {
-        "torch": torch.__version__,
-        "torch_git": torch.version.git_version,
-        "torch_key": torch_internals.torch_key().hex(),
-        "python": f"{sys.version_info.major}.{sys.version_info.minor}",
-        "platform": sysconfig.get_platform(),
-        "machine": platform.machine(),
-    }
+    return BuiltWith(**torch_and_python(), torch_key=torch_internals.torch_key().hex(), machine=platform.machine())

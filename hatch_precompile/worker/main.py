@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from ..build.protocol import PROGRESS_PREFIX, BuiltModel, WorkerFailure, WorkerRequest, write_result
 from ..build.remote import Traffic, remote_cache
-from ..runtime._schema import WeightsEntry
+from ..runtime._schema import WeightsEntry, has_lean_form, is_lean_only
 
 if TYPE_CHECKING:
     from .capture import Captured
@@ -100,7 +100,7 @@ def _compile(request: WorkerRequest) -> _Compiled:
     from ..build.errors import ModelBuildError
     from . import torch_internals
     from .accuracy import summary as accuracy_summary
-    from .capture import build_module, capture, shape_variants
+    from .capture import build_module, capture
     from .compile import cpu_targets, produce_artifact
     from .quantize import quantize
     from .weights import lifted_weights, save_weights
@@ -111,7 +111,7 @@ def _compile(request: WorkerRequest) -> _Compiled:
         module, reference = build_module(model)
     produced: list[ProducedArtifact] = []
     first: tuple[Captured, WeightsEntry] | None = None
-    for fixed in shape_variants(model):
+    for fixed in model.shape_variants():
         shape = ", ".join(f"{dim}={size}" for dim, size in fixed.items()) or "dynamic dims"
         with _step(model.name, f"captured with torch.export ({shape})"):
             captured = capture(model, module, fixed, reference)
@@ -138,7 +138,7 @@ def _compile(request: WorkerRequest) -> _Compiled:
             checked = accuracy_summary(artifact.entry["accuracy"]) if artifact.checked_here else f"not run here: this CPU lacks {target.name} (checked where the part was built)"
             source = "compiled" if artifact.origin == "compiled" else f"{artifact.origin}: {artifact.entry['file']}"
             _report(model.name, f"{target.name} ({shape}): {source}, {checked}", time.perf_counter() - variant_started)
-    assert first is not None  # shape_variants gives at least one
+    assert first is not None  # shape_variants() gives at least one
     captured, weights = first
     op_libraries = torch_internals.python_op_libraries(captured.exported)
     return _Compiled(request, captured, weights, op_libraries, produced, time.perf_counter() - started)
@@ -153,8 +153,8 @@ def _finish(model: _Compiled) -> BuiltModel:
     for artifact in model.produced:
         request.sources.store(artifact.key, request.out_dir, artifact.entry, artifact.origin)
         lean = artifact.entry["lean"]
-        form = "lean form" if "file" in lean else f"artifact form only, lean form refused: {lean['refused']}"
-        if "constants" in artifact.entry:
+        form = "lean form" if has_lean_form(artifact.entry) else f"artifact form only, lean form refused: {lean['refused']}"
+        if is_lean_only(artifact.entry):
             form = f"int8, lean form only ({lean['file']})"
         _report(request.model.name, f"{artifact.entry['file']}: {form}")
     _report_remote(request)
@@ -198,7 +198,7 @@ def _check_lean_forms(models: list[_Compiled]) -> None:
             reasons.update(check_in_this_process(reused))
     for candidate in [*(c for group in fresh.values() for c in group), *reused]:
         reason = reasons.get(str(candidate.module_path), "the check did not report on it")
-        if reason and "constants" in candidate.artifact:  # an int8 variant: the lean form is its only one
+        if reason and is_lean_only(candidate.artifact):  # an int8 variant: the lean form is its only one
             owner = next(m.request.model.name for m in models if any(a.candidate is candidate for a in m.produced))
             raise ModelBuildError(owner, f"running the int8 lean form {candidate.module_path.name} in a fresh process", reason)
         if reason:

@@ -30,7 +30,7 @@ from ..build.model_config import ModelConfig
 from ..runtime._contract import check_inputs, flatten_call
 from ..runtime._schema import DimRecord
 from . import torch_internals
-from .capture import Captured, _torch_error, import_object
+from .capture import Captured, _torch_error, import_callable
 
 TORCHAO_REQUIREMENT = "torchao>=0.18,<0.19"  # as the int8 extra in pyproject.toml
 # The op calls that show the compiled graph runs int8 kernels, not float32 ones
@@ -93,7 +93,7 @@ def calibration_batches(model: ModelConfig, captured: Captured) -> Iterable[tupl
         yield captured.args, captured.kwargs
         return
     step = f"calibrating with calibration = {model.calibration!r}"
-    make = import_object(model.name, "calibration", model.calibration)
+    make = import_callable(model.name, "calibration", model.calibration)
     dims: dict[str, DimRecord] = {name: {"min": spec.min, "max": spec.max, "buckets": [], "dynamic": True} for name, spec in model.dims.items()}
     count = 0
     try:
