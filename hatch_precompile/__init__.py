@@ -3,7 +3,7 @@
 Three processes run this code, and the folders say which:
 - `backend/` (with `cli/`): the build frontend's process: hatchling's hook and the
   setuptools backend; no torch.
-- `build/`: what that process does: configuration, planning, jobs, the build cache,
+- `engine/`: what that process does: configuration, planning, jobs, the build cache,
   parts, native checks and assembling `_precompiled/`; no torch.
 - `worker/`: one process per model: capture, compile, checks and torch's internals.
 - `runtime/`: the loader that lands in users' wheels; torch and the standard library.

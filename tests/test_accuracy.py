@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hatch_precompile.build.errors import ModelBuildError
-from hatch_precompile.build.model_config import AccuracyBounds, ModelConfig
+from hatch_precompile.engine.errors import ModelBuildError
+from hatch_precompile.engine.model_config import AccuracyBounds, ModelConfig
 from hatch_precompile.worker.accuracy import check_accuracy, figures
 
 

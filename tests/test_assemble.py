@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from hatch_precompile.build.assemble import RUNTIME_FILES, assemble, runtime_requirements, wheel_tag
+from hatch_precompile.engine.assemble import RUNTIME_FILES, assemble, runtime_requirements, wheel_tag
 from hatch_precompile.runtime._layout import BUILD_MODULE
 
 

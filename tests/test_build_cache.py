@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from hatch_precompile.build.assemble import RUNTIME_FILES
+from hatch_precompile.engine.assemble import RUNTIME_FILES
 
 from conftest import run, write_project
 

@@ -13,9 +13,9 @@ import pytest
 import torch
 from torch import nn
 
-from hatch_precompile.build.config import parse_config
-from hatch_precompile.build.errors import ModelBuildError
-from hatch_precompile.build.model_config import ModelConfig
+from hatch_precompile.engine.config import parse_config
+from hatch_precompile.engine.errors import ModelBuildError
+from hatch_precompile.engine.model_config import ModelConfig
 from hatch_precompile.worker.capture import capture
 
 PATH = "tool.hatch.build.hooks.precompile.models.m"

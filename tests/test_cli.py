@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from hatch_precompile.build.assemble import RUNTIME_DIR, RUNTIME_FILES
 from hatch_precompile.cli import main
+from hatch_precompile.engine.assemble import RUNTIME_DIR, RUNTIME_FILES
 
 from conftest import EXAMPLE, REPO, ExampleBuild, reseal
 

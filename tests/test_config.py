@@ -10,11 +10,11 @@ from typing import Any, Literal, get_args
 
 import pytest
 
-from hatch_precompile.build import config as config_module
-from hatch_precompile.build.cache import plugin_fingerprint
-from hatch_precompile.build.config import TABLE_KEYS, ConfigError, model_keys, parse_config, reference_tables
-from hatch_precompile.build.model_config import AccuracyBounds, Dim, ModelConfig, OutputForm, TensorInput, setting
-from hatch_precompile.build.parts import PART_FILE, PART_FORMAT, read_parts
+from hatch_precompile.engine import config as config_module
+from hatch_precompile.engine.cache import plugin_fingerprint
+from hatch_precompile.engine.config import TABLE_KEYS, ConfigError, model_keys, parse_config, reference_tables
+from hatch_precompile.engine.model_config import AccuracyBounds, Dim, ModelConfig, OutputForm, TensorInput, setting
+from hatch_precompile.engine.parts import PART_FILE, PART_FORMAT, read_parts
 from hatch_precompile.runtime import OUTPUT_FORMS
 
 T = "tool.hatch.build.hooks.precompile"

@@ -1,5 +1,5 @@
 """How a build backend ends: an expected failure with its message alone, a bug
-with its traceback and a line saying to report it (build/errors.py). The
+with its traceback and a line saying to report it (engine/errors.py). The
 frontends' side, under `python -m build`, `pip wheel`, setuptools and
 `hatch build`, is in test_failing_builds.py, test_setuptools.py and
 test_example_wheel.py."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from hatch_precompile.build.config import ConfigError
-from hatch_precompile.build.errors import ModelBuildError, failures_said_plainly, said_plainly
+from hatch_precompile.engine.config import ConfigError
+from hatch_precompile.engine.errors import ModelBuildError, failures_said_plainly, said_plainly
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hatch_precompile.build.assemble import RUNTIME_FILES
+from hatch_precompile.engine.assemble import RUNTIME_FILES
 
 from conftest import EXAMPLE, REPO, ExampleBuild, Venv, assert_said_plainly, isolated_build, no_compiler_env, pin_build_torch, run, with_find_links
 

@@ -255,7 +255,7 @@ def _failed_build(project: Path, **extra_env: str) -> str:
 
 def _captured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, factory: str, calibration: str | None) -> tuple[Any, Any]:
     """A model of MODELS configured by FAILING, captured by the worker's own code in this process."""
-    from hatch_precompile.build.config import parse_config
+    from hatch_precompile.engine.config import parse_config
     from hatch_precompile.worker.capture import build_module, capture
 
     package = tmp_path / "int8pkg"
@@ -283,7 +283,7 @@ def test_bad_calibration_and_unquantizable_models_are_named(tmp_path: Path, monk
     """The worker's quantize step itself, in this process (a build through the hook is above)."""
     import torch._inductor.config as inductor_config
 
-    from hatch_precompile.build.errors import ModelBuildError
+    from hatch_precompile.engine.errors import ModelBuildError
     from hatch_precompile.worker.quantize import quantize
 
     model, captured = _captured(tmp_path, monkeypatch, factory, calibration)
@@ -297,7 +297,7 @@ def test_bad_calibration_and_unquantizable_models_are_named(tmp_path: Path, monk
 
 
 def test_without_torchao_the_build_says_what_to_add(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from hatch_precompile.build.errors import ModelBuildError
+    from hatch_precompile.engine.errors import ModelBuildError
     from hatch_precompile.worker.quantize import quantize
 
     model, captured = _captured(tmp_path, monkeypatch, "mlp", None)

@@ -9,9 +9,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from hatch_precompile.build.config import parse_config
-from hatch_precompile.build.model_config import ModelConfig
-from hatch_precompile.build.targets import CPU_TARGETS
+from hatch_precompile.engine.config import parse_config
+from hatch_precompile.engine.model_config import ModelConfig
+from hatch_precompile.engine.targets import CPU_TARGETS
 from hatch_precompile.worker.capture import capture
 from hatch_precompile.worker.key import artifact_key
 

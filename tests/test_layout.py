@@ -1,7 +1,7 @@
 """The rules the package's layout stands for, checked.
 
 Three processes run this code, and the folder a module lies in says which:
-the build backend's (`backend/`, `build/`, `cli/`), which never imports torch, so
+the build backend's (`backend/`, `engine/`, `cli/`), which never imports torch, so
 that configuration errors, planning and wheel assembly cost no torch import and a
 worker failure cannot take the backend with it; the compile worker's (`worker/`),
 one per model, which does everything with torch; and the loader in users' wheels
@@ -24,14 +24,14 @@ PACKAGE = REPO / "hatch_precompile"
 # The top level holds only the package itself and the doors users name: the CLI's
 # `python -m hatch_precompile`, hatchling's plugin registration and the setuptools backend.
 DOORS = {"__init__", "__main__", "hooks", "setuptools_backend"}
-BACKEND_SIDE = ("backend", "build", "cli")  # the build backend's process: no torch
+BACKEND_SIDE = ("backend", "engine", "cli")  # the build backend's process: no torch
 FOLDERS = {*BACKEND_SIDE, "worker", "runtime"}
 # What each folder may import of the package's other folders.
 MAY_IMPORT = {
-    "backend": {"build", "runtime"},
-    "build": {"runtime"},
-    "cli": {"backend", "build", "runtime"},
-    "worker": {"build", "runtime"},
+    "backend": {"engine", "runtime"},
+    "engine": {"runtime"},
+    "cli": {"backend", "engine", "runtime"},
+    "worker": {"engine", "runtime"},
     "runtime": set(),
 }
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hatch_precompile.build.native import KernelNeeds, UnprovidedLibraryError, read_needs, stricter_platform, system_needs, torch_libraries
+from hatch_precompile.engine.native import KernelNeeds, UnprovidedLibraryError, read_needs, stricter_platform, system_needs, torch_libraries
 
 from conftest import ExampleBuild
 

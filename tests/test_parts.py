@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from hatch_precompile.build.cache import EntryStore, plugin_fingerprint
-from hatch_precompile.build.config import TABLE, ConfigError, parse_config
-from hatch_precompile.build.parts import PART_FILE, PART_FORMAT, read_parts
-from hatch_precompile.build.pipeline import compile_part
-from hatch_precompile.build.settings import resolve_settings
-from hatch_precompile.build.sources import ArtifactSources, Claim, PartMismatch
+from hatch_precompile.engine.cache import EntryStore, plugin_fingerprint
+from hatch_precompile.engine.config import TABLE, ConfigError, parse_config
+from hatch_precompile.engine.parts import PART_FILE, PART_FORMAT, read_parts
+from hatch_precompile.engine.pipeline import compile_part
+from hatch_precompile.engine.settings import resolve_settings
+from hatch_precompile.engine.sources import ArtifactSources, Claim, PartMismatch
 
 MODEL = {"factory": "pkg.models:build", "inputs": [{"shape": ["batch", 8]}], "dims": {"batch": {"min": 1, "max": 16}}}
 CONFIG = parse_config({"models": {"m": MODEL}})

@@ -191,7 +191,7 @@ def test_a_store_that_stops_in_the_middle_of_a_build_is_said_once_and_the_build_
 
 
 def test_two_builds_at_once_with_empty_local_caches_both_succeed_and_leave_one_whole_entry(tmp_path: Path) -> None:
-    from hatch_precompile.build.cache import EntryStore
+    from hatch_precompile.engine.cache import EntryStore
 
     server = start_redis(tmp_path)
     projects = {name: write_project(tmp_path / name, "remotepkg", MODELS, PROJECT) for name in ("runner-a", "runner-b")}
@@ -259,7 +259,7 @@ def test_an_unreachable_store_a_wrong_password_and_a_missing_bucket_are_said_wit
 def test_a_store_that_fails_is_said_once_and_then_left_alone(tmp_path: Path) -> None:
     """What a worker does when the store goes away: every later fetch and store
     is a quiet no-op, and the build hears of it once."""
-    from hatch_precompile.build.remote import RemoteCache, RemoteSettings
+    from hatch_precompile.engine.remote import RemoteCache, RemoteSettings
 
     server = start_redis(tmp_path)
     remote = RemoteCache(RemoteSettings(server.url))
@@ -278,7 +278,7 @@ def test_a_store_that_fails_is_said_once_and_then_left_alone(tmp_path: Path) -> 
 
 
 def test_read_only_takes_entries_and_writes_none(redis_server: Server, tmp_path: Path) -> None:
-    from hatch_precompile.build.remote import RemoteCache, RemoteSettings
+    from hatch_precompile.engine.remote import RemoteCache, RemoteSettings
 
     writer = RemoteCache(RemoteSettings(redis_server.url.replace("/0", "/3")))
     reader = RemoteCache(RemoteSettings(writer.settings.url, read_only=True))
@@ -303,7 +303,7 @@ def test_an_object_that_is_not_the_entry_asked_for_is_a_miss(redis_server: Serve
     """A reader never takes what it did not ask for, nor writes outside its cache."""
     import redis
 
-    from hatch_precompile.build.remote import RemoteCache, RemoteSettings, pack_entry
+    from hatch_precompile.engine.remote import RemoteCache, RemoteSettings, pack_entry
 
     remote = RemoteCache(RemoteSettings(redis_server.url.replace("/0", "/4")))
     entry = an_entry(tmp_path / "model")
@@ -315,7 +315,7 @@ def test_an_object_that_is_not_the_entry_asked_for_is_a_miss(redis_server: Serve
     }[change]
     redis.Redis.from_url(remote.settings.url).set(f"hatch-precompile/build/{key[:2]}/{key}.tar", blob)
     local = tmp_path / "local"
-    from hatch_precompile.build.cache import EntryStore
+    from hatch_precompile.engine.cache import EntryStore
 
     assert remote.fetch(key, tmp_path / "out", EntryStore(local)) is None
     (notice,) = remote.take_notices()
@@ -345,7 +345,7 @@ def _tar(files: dict[str, bytes]) -> bytes:
 def test_bad_remote_settings_in_the_table_are_named(table: str, expected: str) -> None:
     import tomllib
 
-    from hatch_precompile.build.config import ConfigError, parse_config
+    from hatch_precompile.engine.config import ConfigError, parse_config
 
     raw = tomllib.loads(table + "\n" + MODEL.format(name="mlp", factory="mlp").replace("[tool.hatch.build.hooks.precompile.models.mlp]", "[models.mlp]"))
     with pytest.raises(ConfigError) as caught:
@@ -357,8 +357,8 @@ def test_bad_remote_settings_in_the_table_are_named(table: str, expected: str) -
 def test_the_environment_overrides_the_table_and_may_carry_the_password() -> None:
     import tomllib
 
-    from hatch_precompile.build.config import parse_config
-    from hatch_precompile.build.settings import resolve_settings
+    from hatch_precompile.engine.config import parse_config
+    from hatch_precompile.engine.settings import resolve_settings
 
     raw = tomllib.loads('remote-cache = "redis://cache.internal:6379/0"\n' + MODEL.format(name="mlp", factory="mlp").replace("[tool.hatch.build.hooks.precompile.models.mlp]", "[models.mlp]"))
     config = parse_config(raw)

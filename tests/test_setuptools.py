@@ -27,7 +27,7 @@ import pytest
 from packaging.version import Version
 
 from hatch_precompile.backend.distfiles import rewrite_wheel, with_requirements
-from hatch_precompile.build.assemble import RUNTIME_FILES
+from hatch_precompile.engine.assemble import RUNTIME_FILES
 
 from conftest import REPO, ExampleBuild, Venv, assert_said_plainly, build_sdist_and_wheel, deploy, no_compiler_env, pin_build_torch, run
 
@@ -339,7 +339,7 @@ def test_rewritten_wheel_holds_exactly_the_staged_precompiled_files_and_is_repro
 
 def test_the_tables_hatchling_keys_become_build_requirements(tmp_path: Path) -> None:
     from hatch_precompile.backend.setuptools_backend import _table_build_requirements
-    from hatch_precompile.build.config import ConfigError
+    from hatch_precompile.engine.config import ConfigError
 
     (tmp_path / "pyproject.toml").write_text(
         '[project]\nname = "p"\nversion = "1"\ndependencies = ["transformers>=4"]\n'

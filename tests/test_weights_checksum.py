@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from hatch_precompile.build.assemble import weights_checksums
+from hatch_precompile.engine.assemble import weights_checksums
 from hatch_precompile.runtime._integrity import ROW_SIZE, chunk_checksums, torch_row_sums
 
 CHUNK = 4 * ROW_SIZE  # small chunks, so that a few KiB make several

@@ -4,7 +4,7 @@ Cheap to construct (hatchling builds it just to ask for dependencies) and keeps
 torch out of the build backend's process: compile work happens in
 `hatch_precompile.worker`. Scratch space is a private temporary directory that
 is removed when the wheel is written, when anything fails, and at exit. An
-expected failure ends the build with its message alone (build/errors.py).
+expected failure ends the build with its message alone (engine/errors.py).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from typing import Any
 
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
-from ..build.assemble import runtime_requirements
-from ..build.config import parse_config
-from ..build.errors import failures_said_plainly
-from ..build.pipeline import EDITABLE_MESSAGE, Reporter, check_sdist_pins, precompile, ready_source
+from ..engine.assemble import runtime_requirements
+from ..engine.config import parse_config
+from ..engine.errors import failures_said_plainly
+from ..engine.pipeline import EDITABLE_MESSAGE, Reporter, check_sdist_pins, precompile, ready_source
 
 
 class PrecompileBuildHook(BuildHookInterface):

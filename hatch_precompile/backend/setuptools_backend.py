@@ -26,7 +26,7 @@ Every hook is setuptools.build_meta's, with these additions:
 - `build_editable`: writes the loader, then setuptools' editable wheel with the
   pins; no compile (`load_compiled` falls back per `fallback`, as under hatch).
 
-Each hook ends an expected failure with its message alone (build/errors.py).
+Each hook ends an expected failure with its message alone (engine/errors.py).
 The rewriting itself is `distfiles.py`.
 """
 
@@ -40,11 +40,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..build.assemble import runtime_requirements
-from ..build.config import TABLE, ConfigError, PrecompileConfig, parse_config
-from ..build.errors import said_plainly
-from ..build.pipeline import EDITABLE_MESSAGE, Reporter, check_sdist_pins, precompile, ready_source
-from ..build.project import find_package, read_pyproject, read_table
+from ..engine.assemble import runtime_requirements
+from ..engine.config import TABLE, ConfigError, PrecompileConfig, parse_config
+from ..engine.errors import said_plainly
+from ..engine.pipeline import EDITABLE_MESSAGE, Reporter, check_sdist_pins, precompile, ready_source
+from ..engine.project import find_package, read_pyproject, read_table
 from ..runtime._layout import PRECOMPILED_DIR
 from .distfiles import rewrite_sdist, rewrite_wheel, with_requirements
 

@@ -21,7 +21,7 @@ def init(args: argparse.Namespace) -> int:
     import the package from a plain checkout that was never built or installed,
     where `load_compiled` then falls back per the model's `fallback`.
     """
-    from ..build.project import write_source_loader
+    from ..engine.project import write_source_loader
 
     if not (args.package_dir / "__init__.py").is_file():
         raise CommandError(f"{args.package_dir} is not a package folder (no __init__.py)")
@@ -42,9 +42,9 @@ def compile_part_command(args: argparse.Namespace) -> int:
     exit status: 0 the part is written; 1 a model failed to build;
     2 the arguments or the configuration are wrong.
     """
-    from ..build.config import ConfigError
-    from ..build.errors import ModelBuildError
-    from ..build.pipeline import compile_part
+    from ..engine.config import ConfigError
+    from ..engine.errors import ModelBuildError
+    from ..engine.pipeline import compile_part
 
     def listed(value: str | None) -> list[str] | None:
         return [item.strip() for item in value.split(",") if item.strip()] if value else None
@@ -114,10 +114,10 @@ def check_cache(args: argparse.Namespace) -> int:
     exit status: 0 the store answers (or none is configured); 1 it does not;
     2 the configuration is wrong.
     """
-    from ..build.config import ConfigError, parse_config
-    from ..build.project import read_table
-    from ..build.remote import RemoteUnavailable, check_store
-    from ..build.settings import resolve_settings
+    from ..engine.config import ConfigError, parse_config
+    from ..engine.project import read_table
+    from ..engine.remote import RemoteUnavailable, check_store
+    from ..engine.settings import resolve_settings
 
     if not (args.project_dir / "pyproject.toml").is_file():
         raise CommandError(f"{args.project_dir / 'pyproject.toml'}: no such file; PROJECT_DIR must be the project's folder")
@@ -141,8 +141,8 @@ def check_cache(args: argparse.Namespace) -> int:
 
 def _read_project(pyproject: Path) -> tuple[Any, list[str], list[str]]:
     """(the parsed configuration or None, problems, warnings)."""
-    from ..build.config import TABLE, ConfigError, parse_config
-    from ..build.project import precompile_table, read_pyproject
+    from ..engine.config import TABLE, ConfigError, parse_config
+    from ..engine.project import precompile_table, read_pyproject
 
     try:
         document = read_pyproject(pyproject.parent)

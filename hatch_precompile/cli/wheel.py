@@ -311,7 +311,7 @@ def _verify_manifest(wheel: Wheel) -> tuple[Manifest | None, list[dict[str, Any]
 def _listed_file_problem(wheel: Wheel, record: Mapping[str, Any]) -> str:
     """How a file the manifest lists differs from its record (size, sha256, and for
     an artifact its header's torch key), as the loader checks it; "" if it matches."""
-    from ..build.assemble import weights_checksums
+    from ..engine.assemble import weights_checksums
     from ..runtime._integrity import digest_mismatch
     from ..runtime._torch_private import ArtifactFormatError, split_artifact
 

@@ -28,7 +28,7 @@ The modules here, one job each:
   _weights.py        bind the shipped, factory or caller's weights
   _ops.py            import the libraries that define the model's custom ops
   _lean.py           the lean form: run the output module and kernels directly
-  _constants.py      an int8 variant's frozen constants, rebuilt (its only form is the lean one)
+  _frozen_tensors.py an int8 variant's frozen constants, rebuilt (its only form is the lean one)
   _generate.py       greedy generation from a decoder with a KV cache in its state
   _artifact.py       the artifact form: unpickle through torch._inductor
   _torch_private.py  every use of torch internals

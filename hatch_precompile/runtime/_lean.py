@@ -6,7 +6,7 @@ rewritten so that each kernel is `shipped_kernel("<key>")` and nothing is import
 from the compiler, and checked it in a fresh process against eager and the
 artifact. Loading it costs an `exec` of its source and one `dlopen` per kernel:
 neither `torch._inductor` nor `torch._dynamo` is imported. An int8 variant
-ships only this form, with the constants its module binds (`_constants.py`).
+ships only this form, with the constants its module binds (`_frozen_tensors.py`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from . import _torch_private
-from ._constants import rebuild_constants
 from ._errors import PrecompiledIntegrityError
+from ._frozen_tensors import rebuild_constants
 from ._integrity import verified_bytes, verified_kernels
 from ._manifest import HERE
 from ._schema import ArtifactEntry, ModelEntry, is_lean_only

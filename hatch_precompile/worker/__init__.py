@@ -6,7 +6,7 @@ keyed by `key`), checks each against eager (`accuracy`), writes its lean form
 (`lean`, checked in a fresh process by `lean_check`) and its weights (`weights`).
 Every use of torch's private build-time internals is in `torch_internals`.
 
-Rules: imports from `build/` (the typed config, the cache, the layout) and from
+Rules: imports from `engine/` (the typed config, the cache, the layout) and from
 `runtime/` (what the shipped loader will do with the artifact), never from `backend/`.
 This package's `__init__` imports nothing, so naming it costs the backend no torch.
 """

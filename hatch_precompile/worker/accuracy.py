@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..build.errors import ModelBuildError
-from ..build.model_config import AccuracyBounds, ModelConfig
+from ..engine.errors import ModelBuildError
+from ..engine.model_config import AccuracyBounds, ModelConfig
 from ..runtime._schema import AccuracyRecord, OutputAccuracy
 
 if TYPE_CHECKING:

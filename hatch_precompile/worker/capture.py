@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
-from ..build.config import TABLE
-from ..build.errors import ModelBuildError
-from ..build.model_config import Dim, ModelConfig, TensorInput
+from ..engine.config import TABLE
+from ..engine.errors import ModelBuildError
+from ..engine.model_config import Dim, ModelConfig, TensorInput
 from ..runtime._contract import import_object
 from ..runtime._schema import InputLeaf, TreeSpec
 from .index_bounds import index_bounds

@@ -7,7 +7,7 @@ and the compiled kernels it loads (`kernels/k_<key>.so`, shared between
 artifacts when identical), runs it on the example inputs against eager, and
 describes it for the manifest. The weights are `weights.py`'s. An int8 model's
 variants (`quantize.py`) are compiled frozen and have no artifact: each ships
-its lean module, and its constants in place of the artifact (`constants.py`).
+its lean module, and its constants in place of the artifact (`frozen_tensors.py`).
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ from typing import Any
 
 import torch
 
-from ..build.errors import ModelBuildError
-from ..build.model_config import ModelConfig
-from ..build.native import UnprovidedLibraryError, read_needs, system_needs, torch_libraries
-from ..build.sources import ArtifactSources, PartMismatch
-from ..build.targets import CPU_TARGETS, CpuTarget, features_from_flags, host_target, is_x86_64
+from ..engine.errors import ModelBuildError
+from ..engine.model_config import ModelConfig
+from ..engine.native import UnprovidedLibraryError, read_needs, system_needs, torch_libraries
+from ..engine.sources import ArtifactSources, PartMismatch
+from ..engine.targets import CPU_TARGETS, CpuTarget, features_from_flags, host_target, is_x86_64
 from ..runtime import _torch_private
-from ..runtime._constants import rebuild_constants
+from ..runtime._frozen_tensors import rebuild_constants
 from ..runtime._layout import KERNELS_DIR, artifact_file, constants_file, kernel_file, lean_module_file
 from ..runtime._lean import make_runner
 from ..runtime._manifest import cpu_features
@@ -36,7 +36,7 @@ from ..runtime._schema import ArtifactEntry, LeanRecord, ModelEntry, OutputLeaf,
 from . import torch_internals
 from .accuracy import check_accuracy, check_steps
 from .capture import Captured, _torch_error
-from .constants import ConstantsRefused, save_constants
+from .frozen_tensors import ConstantsRefused, save_constants
 from .key import artifact_key, build_environment
 from .lean import LeanCandidate, LeanRefused, rewrite
 from .quantize import check_int8_kernels, failing_layer, int8_inductor_config
@@ -119,7 +119,7 @@ def produce_artifact(
         entry, outputs, run = _compile_frozen(model, captured, fixed, target, out_dir, file, flat, copy.deepcopy(quantized))
         origin = "compiled"
     elif entry is None:
-        entry, outputs, run, output_module = _compile(model, captured, fixed, target, out_dir, file, flat)
+        entry, outputs, run, output_module = _compile_artifact(model, captured, fixed, target, out_dir, file, flat)
         origin = "compiled"
         entry["lean"] = _static_lean_record(model, captured, output_module, entry, out_dir)
     elif not set(entry["cpu_features"]) <= cpu_features():
@@ -165,7 +165,7 @@ def _initial_weights(captured: Captured, quantized: torch.fx.GraphModule | None)
     return [captured.initial_state.get(name, tensor) for name, tensor in lifted_weights(captured).items()]
 
 
-def _compile(
+def _compile_artifact(
     model: ModelConfig, captured: Captured, fixed: dict[str, int], target: CpuTarget, out_dir: Path, file: str, flat: list[Any]
 ) -> tuple[ArtifactEntry, list[Any], Runner, tuple[str, list[int], str]]:
     """Compile, write the artifact and its kernels into `out_dir`; returns its

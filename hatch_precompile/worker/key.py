@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from ..build.cache import plugin_fingerprint
-from ..build.model_config import ModelConfig
-from ..build.targets import CpuTarget
+from ..engine.cache import plugin_fingerprint
+from ..engine.model_config import ModelConfig
+from ..engine.targets import CpuTarget
 from ..runtime._manifest import torch_and_python
 from ..runtime._schema import BuiltWith
 from . import torch_internals

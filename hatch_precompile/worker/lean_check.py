@@ -23,7 +23,7 @@ from typing import Any
 def check(module: dict[str, Any]) -> str:
     import torch
 
-    from ..runtime._constants import rebuild_constants
+    from ..runtime._frozen_tensors import rebuild_constants
     from ..runtime._layout import kernel_file
     from ..runtime._lean import make_runner
 

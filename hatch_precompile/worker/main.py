@@ -5,7 +5,7 @@ state never enter the build backend's process. One worker builds the models of
 its requests in turn: torch, torch.export and inductor are imported once, not
 once per model, and the lean forms of every model it compiled are checked
 together, in one fresh process, at the end. It stops at the first model that
-fails. What it reads, prints and writes is `build.protocol`'s: a `WorkerRequest`
+fails. What it reads, prints and writes is `engine.protocol`'s: a `WorkerRequest`
 per model, progress lines, and per model a `BuiltModel` or a `WorkerFailure`.
 """
 
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..build.protocol import PROGRESS_PREFIX, BuiltModel, WorkerFailure, WorkerRequest, write_result
-from ..build.remote import Traffic, remote_cache
+from ..engine.protocol import PROGRESS_PREFIX, BuiltModel, WorkerFailure, WorkerRequest, write_result
+from ..engine.remote import Traffic, remote_cache
 from ..runtime._schema import WeightsEntry, has_lean_form, is_lean_only
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ def run(requests: list[WorkerRequest]) -> None:
     """Build every request's model, writing each one's result; the first failure
     is written as that model's result and raised (ModelBuildError), leaving later
     models without one."""
-    from ..build.errors import ModelBuildError
+    from ..engine.errors import ModelBuildError
 
     sys.path[:0] = requests[0].import_paths  # one build: the same paths and compiler outputs for every model
     with _step(requests[0].model.name, "imported torch"):
@@ -78,7 +78,7 @@ def run(requests: list[WorkerRequest]) -> None:
         compiled = []
         for request in requests:
             try:
-                compiled.append(_compile(request))
+                compiled.append(_produce_variants(request))
             except ModelBuildError as error:
                 write_result(request.out_dir, WorkerFailure(error.step, error.message))
                 raise
@@ -95,9 +95,9 @@ def run(requests: list[WorkerRequest]) -> None:
             write_result(model.request.out_dir, _finish(model))
 
 
-def _compile(request: WorkerRequest) -> _Compiled:
+def _produce_variants(request: WorkerRequest) -> _Compiled:
     """Build the module, capture and compile (or fetch) each variant."""
-    from ..build.errors import ModelBuildError
+    from ..engine.errors import ModelBuildError
     from . import torch_internals
     from .accuracy import summary as accuracy_summary
     from .capture import build_module, capture
@@ -174,7 +174,7 @@ def _check_lean_forms(models: list[_Compiled]) -> None:
     ones from the build cache or a part here (they passed that check when
     compiled, and their key pins their code). A module that fails is removed, and
     its artifact ships in the artifact form only, with the reason in the manifest."""
-    from ..build.errors import ModelBuildError
+    from ..engine.errors import ModelBuildError
     from .compile import CHECK_DIR
     from .lean import check_in_fresh_process, check_in_this_process
 

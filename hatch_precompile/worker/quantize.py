@@ -7,7 +7,7 @@ scales, `convert_pt2e` makes the quantize/dequantize graph, and inductor,
 with `freezing`, compiles that into oneDNN int8 GEMMs and convolutions
 (`torch_internals.compile_frozen`). A frozen graph cannot be saved as an AOT
 artifact, and its packed weights cannot be saved at all, so the wheel ships the
-lean form alone, with the constants the module binds (`constants.py`).
+lean form alone, with the constants the module binds (`frozen_tensors.py`).
 
 torchao is a build dependency only of projects that ask for int8
 (`hatch-precompile[int8]`); the loader never imports it: the compiled graph
@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from ..build.errors import ModelBuildError
-from ..build.model_config import ModelConfig
+from ..engine.errors import ModelBuildError
+from ..engine.model_config import ModelConfig
 from ..runtime._contract import check_inputs, flatten_call
 from ..runtime._schema import DimRecord
 from . import torch_internals

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ..build.model_config import ModelConfig
+from ..engine.model_config import ModelConfig
 from ..runtime._layout import WEIGHTS_FILE
 from ..runtime._schema import WeightsEntry
 from .capture import Captured

@@ -6,7 +6,7 @@ stride and offset, which rebuild the exact tensor, with no pickle. A
 oneDNN-packed weight (layout `torch._mkldnn`) holds a CPU-specific layout that
 no Python API can read or write; it is saved as the arguments of the prepack
 call that made it (the plain int8 weight first), which the loader calls again,
-on the CPU that runs it (`runtime/_constants.py`).
+on the CPU that runs it (`runtime/_frozen_tensors.py`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Parts: artifacts compiled on one machine, assembled into a wheel on another.
 
-`hatch-precompile compile-part --out DIR` (`build.compile_part`) compiles chosen
+`hatch-precompile compile-part --out DIR` (`engine.pipeline.compile_part`) compiles chosen
 models and CPU targets of a project into DIR: an entry per artifact, as in the build cache
 (`cache.EntryStore`), and `part.json`, which says what the part holds and what it
 was compiled from:

@@ -52,7 +52,7 @@ class Setting(KeyDoc):
     what the build does with it.
 
     `compiled`: the value decides what is captured and compiled, so a part made
-    with another value is refused (build/parts.py). `keyed`: the value is hashed
+    with another value is refused (engine/parts.py). `keyed`: the value is hashed
     into the artifact key as set (worker/key.py; the captured graph carries what
     the others change). `to_plain`/`from_plain`: its JSON form and back."""
 
@@ -131,7 +131,7 @@ def _dims_from_plain(data: dict[str, Any]) -> dict[str, Dim]:
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     """One `[tool.hatch.build.hooks.precompile.models.<name>]` table, checked
-    (build/config.py). The fields are in the reference's order."""
+    (engine/config.py). The fields are in the reference's order."""
 
     name: str
     factory: str = field(metadata=setting("factory", IMPORT_PATH, "(required)", "returns the `torch.nn.Module`; imported from the project's source (src or flat layout)", compiled=True))

@@ -3,7 +3,7 @@
 An int8 graph is compiled with its weights frozen in: its output module declares
 each constant as a global (`_frozen_param3 = None`) that inductor bound after
 loading it, and so does this loader. The build saved each one as
-`ArtifactEntry["constants"]` describes (`worker/constants.py`): a view of a
+`ArtifactEntry["constants"]` describes (`worker/frozen_tensors.py`): a view of a
 storage whose bytes the file holds, or a oneDNN-packed weight, rebuilt by the
 same prepack call the build's constant folding made, here, so that its layout is
 the one this CPU's oneDNN chooses. No compiler and no torchao: the prepack ops
