@@ -144,6 +144,8 @@ def test_a_cold_build_fills_the_store_and_a_build_with_an_empty_local_cache_comp
     assert f"remote cache {server.url}: 1 hit(s), 0 miss(es)" in warm.log
     assert warm.wheel.read_bytes() == cold.wheel.read_bytes()
     assert list((tmp_path / "ci-runner").glob("*/*/entry.json"))  # the hit is in the local cache now
+    assert (cold.wheel.parent / "laptop" / "compiler" / "vector-isa").is_dir()  # the cold build probed the CPU's vector ISAs
+    assert not (tmp_path / "ci-runner" / "compiler" / "vector-isa").exists()  # the warm one compiled nothing, not even those probes
 
 
 def test_a_damaged_remote_entry_is_a_miss_is_compiled_again_and_replaced(redis_server: Server, project: Path, cold_builds: Callable[[str], Build], tmp_path: Path) -> None:

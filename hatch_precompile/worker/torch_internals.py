@@ -279,15 +279,23 @@ _TORCH_DIR = os.path.dirname(torch.__file__)
 _TORCH_PATH_MAP = shlex.quote(f"-ffile-prefix-map={_TORCH_DIR}=torch")
 
 
+_vector_isa_probes: Path | None = None  # where `vector_isa` has the probes kept, set by `compiler_outputs_in`
+
+
 @contextlib.contextmanager
 def compiler_outputs_in(folder: Path) -> Iterator[None]:
     """While active, what the C++ compiler builds for every model alike is kept
     in `folder`, which builds share when it is in the build cache: the
     precompiled headers (`precompiled_headers_in`) and the vector-ISA probes
-    (`probe_vector_isas_in`, run on entering)."""
-    probe_vector_isas_in(folder / "vector-isa")
-    with precompiled_headers_in(folder / "headers"):
-        yield
+    (`probe_vector_isas_in`, run by the first `vector_isa`, so that a worker
+    whose artifacts all come from a cache compiles no probe)."""
+    global _vector_isa_probes
+    _vector_isa_probes = folder / "vector-isa"
+    try:
+        with precompiled_headers_in(folder / "headers"):
+            yield
+    finally:
+        _vector_isa_probes = None
 
 
 def probe_vector_isas_in(folder: Path) -> None:
@@ -523,10 +531,13 @@ def pybinding_kernel_key(argtypes: list[str], source: str) -> str:
 
 
 def vector_isa(simdlen: int) -> tuple[str, str]:
-    """(name, compiler flags) of the vector ISA inductor picks for `simdlen` bits here."""
+    """(name, compiler flags) of the vector ISA inductor picks for `simdlen` bits
+    here; called before each compile, so it runs the probes first."""
     from torch._inductor import config
     from torch._inductor.cpu_vec_isa import pick_vec_isa
 
+    if _vector_isa_probes is not None:
+        probe_vector_isas_in(_vector_isa_probes)  # once: valid_vec_isa_list is cached after it succeeds
     with config.patch({"cpp.simdlen": simdlen}):
         isa = pick_vec_isa()
     if not isa:
