@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from hatchling.builders.config import BuilderConfig
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
 from ..engine.assemble import runtime_requirements
@@ -23,7 +24,7 @@ from ..engine.errors import failures_said_plainly
 from ..engine.pipeline import EDITABLE_MESSAGE, Reporter, check_sdist_pins, precompile, ready_source
 
 
-class PrecompileBuildHook(BuildHookInterface):
+class PrecompileBuildHook(BuildHookInterface[BuilderConfig]):
     PLUGIN_NAME = "precompile"
 
     _staging: Path | None = None

@@ -118,7 +118,7 @@ def prepare_metadata_for_build_wheel(metadata_directory: str, config_settings: d
     root = Path.cwd()
     _, requirements = _project(root)
     check_sdist_pins(root, requirements)
-    name = _setuptools.prepare_metadata_for_build_wheel(metadata_directory, config_settings)
+    name: str = _setuptools.prepare_metadata_for_build_wheel(metadata_directory, config_settings)
     metadata = Path(metadata_directory) / name / "METADATA"
     metadata.write_bytes(with_requirements(metadata.read_bytes(), requirements))
     return name
@@ -130,7 +130,7 @@ def build_sdist(sdist_directory: str, config_settings: dict[str, Any] | None = N
     config, requirements = _project(root)  # a configuration mistake fails here already, as under hatch
     _, package_dir = find_package(root, config.package)
     with _scratch() as scratch:
-        name = _setuptools.build_sdist(str(scratch), config_settings)
+        name: str = _setuptools.build_sdist(str(scratch), config_settings)
         rewrite_sdist(scratch / name, Path(sdist_directory), requirements, (package_dir / PRECOMPILED_DIR).relative_to(root).as_posix())
     return name
 

@@ -386,12 +386,12 @@ def _what_loads_here(manifest: Manifest | None) -> tuple[dict[str, Any], dict[st
     if manifest is None:
         return {}, {"summary": "not decided: the loader refuses a manifest that does not match its digest"}
     try:
-        here = loader._running_environment()  # imports torch: the decision is made from the running torch
+        here = loader.running_environment()  # imports torch: the decision is made from the running torch
     except ImportError as error:
         reason = f"torch cannot be imported here ({error})"
         models = {name: _unloadable(model, reason) for name, model in sorted(manifest["models"].items())}
         return models, {"summary": reason}
-    glibc = loader._running_glibc()
+    glibc = loader.running_glibc()
     summary = (
         f"torch {here['torch']} (git {here['torch_git'][:12]}), cp{here['python'].replace('.', '')} {here['platform']}, "
         f"{here['aten_capability']} kernels, glibc {glibc or 'none'} (torch imported to decide, as the loader does)"

@@ -77,7 +77,8 @@ def _numpy_row_sums(data: Any, rows: int) -> bytes:
     import numpy
 
     words = numpy.frombuffer(data, dtype="<i8", count=rows * ROW_SIZE // 8)
-    return words.reshape(rows, ROW_SIZE // 8).sum(1, dtype="<i8").tobytes()  # wraps modulo 2**64, as torch's
+    sums: bytes = words.reshape(rows, ROW_SIZE // 8).sum(1, dtype="<i8").tobytes()  # wraps modulo 2**64, as torch's
+    return sums
 
 
 def _weights_checksums(path: Path) -> list[int]:

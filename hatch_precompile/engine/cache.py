@@ -29,7 +29,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict, cast
 
 from ..runtime._integrity import file_sha256
 from ..runtime._layout import KERNELS_DIR, kernel_file
@@ -102,8 +102,8 @@ class EntryStore:
     @staticmethod
     def record(key: str, entry: ArtifactEntry, files: dict[str, Path]) -> bytes:
         """The entry's ENTRY_FILE: its key, its manifest entry, and each file's sha256."""
-        digests = {name: file_sha256(path) for name, path in files.items()}
-        return json.dumps({"key": key, "entry": entry, "sha256": digests}, indent=1).encode()
+        record: EntryRecord = {"key": key, "entry": entry, "sha256": {name: file_sha256(path) for name, path in files.items()}}
+        return json.dumps(record, indent=1).encode()
 
     def _place(self, key: str, fill: Callable[[Path], None]) -> None:
         """Run `fill` on a new scratch folder beside the entry's place and rename
@@ -124,15 +124,28 @@ class EntryStore:
             shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _checked_record(folder: Path, key: str) -> dict[str, Any]:
-    """The folder's ENTRY_FILE, once every file it lists matches its sha256 and
-    the entry was stored under `key`; ValueError or OSError where not."""
+class EntryRecord(TypedDict):
+    """An entry's ENTRY_FILE."""
+
+    key: str  # the artifact key it was stored under
+    entry: ArtifactEntry
+    sha256: dict[str, str]  # each file of `entry_files(entry)`, by its path in the entry's folder
+
+
+def _checked_record(folder: Path, key: str) -> EntryRecord:
+    """The folder's ENTRY_FILE, once it has the record's shape, lists exactly the
+    files its entry ships, each matching its sha256, and was stored under `key`;
+    ValueError or OSError where not."""
     record = json.loads((folder / ENTRY_FILE).read_text(encoding="utf-8"))
-    if record["key"] != key:
-        raise ValueError(f"it was stored under another key ({str(record['key'])[:12]})")
+    if not (isinstance(record, dict) and isinstance(record.get("entry"), dict) and isinstance(record.get("sha256"), dict)):
+        raise ValueError(f"{ENTRY_FILE} is not an entry record")
+    if record.get("key") != key:
+        raise ValueError(f"it was stored under another key ({str(record.get('key'))[:12]})")
+    if sorted(record["sha256"]) != sorted(entry_files(record["entry"])):
+        raise ValueError(f"{ENTRY_FILE} lists other files than its entry ships")
     if any(file_sha256(folder / name) != digest for name, digest in record["sha256"].items()):
         raise ValueError("a file does not match its recorded sha256")
-    return record
+    return cast(EntryRecord, record)
 
 
 @functools.cache

@@ -140,7 +140,7 @@ class _Checker:
 
     def choice(self, value: Any, path: str, choices: tuple[str, ...]) -> str | None:
         if value in choices:
-            return value
+            return str(value)
         hint = difflib.get_close_matches(str(value), choices, n=1) if isinstance(value, str) else []
         suggestion = f" (did you mean {hint[0]!r}?)" if hint else ""
         self.fail(path, f"expected one of {', '.join(repr(c) for c in choices)}, found {_describe(value)}{suggestion}")

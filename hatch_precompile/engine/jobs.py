@@ -13,7 +13,6 @@ worker finished it.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -28,7 +27,7 @@ from typing import Any
 from .cache import EntryStore
 from .errors import ModelBuildError
 from .model_config import ModelConfig
-from .protocol import PROGRESS_PREFIX, RESULT_FILE, BuiltModel, WorkerFailure, WorkerRequest, read_result
+from .protocol import RESULT_FILE, BuiltModel, Progress, WorkerFailure, WorkerRequest, read_result
 from .remote import RemoteSettings
 from .sources import ArtifactSources, Claim
 
@@ -133,15 +132,14 @@ def _run_worker(
         try:
             assert worker.stdout is not None
             for line in worker.stdout:
-                if line.startswith(PROGRESS_PREFIX):
-                    step = json.loads(line[len(PROGRESS_PREFIX) :])
-                    timing = "" if step["seconds"] is None else f" ({step['seconds']:.1f} s)"
-                    if not step["once"]:
-                        say(f"precompile: {step['model']}: {step['step']}{timing}")
-                    elif once(step["step"]):
-                        say(f"precompile: {step['step']}")
-                else:
+                step = Progress.parse(line)
+                if step is None:
                     log.write(line)
+                elif not step.once:
+                    timing = "" if step.seconds is None else f" ({step.seconds:.1f} s)"
+                    say(f"precompile: {step.model}: {step.step}{timing}")
+                elif once(step.step):
+                    say(f"precompile: {step.step}")
             worker.wait()
         finally:
             workers.end(worker)

@@ -20,8 +20,9 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
+from ..runtime._schema import BuiltWith
 from .cache import plugin_fingerprint
 from .config import TABLE, ConfigError, PrecompileConfig
 from .model_config import ModelConfig, model_settings
@@ -41,11 +42,11 @@ def read_parts(folders: tuple[Path, ...], config: PrecompileConfig) -> dict[str,
     claims: dict[str, dict[str, Claim]] = {}
     for folder in folders:
         try:
-            part = json.loads((folder / PART_FILE).read_text(encoding="utf-8"))
+            part: PartFile = json.loads((folder / PART_FILE).read_text(encoding="utf-8"))
         except (OSError, ValueError) as error:
             problems.append(f"{PARTS_VARIABLE}: {folder} is not a part ({PART_FILE}: {error}); make one with `hatch-precompile compile-part`")
             continue
-        if part.get("format") != PART_FORMAT or part.get("plugin") != plugin_fingerprint():
+        if not isinstance(part, dict) or part.get("format") != PART_FORMAT or part.get("plugin") != plugin_fingerprint():  # else, its shape is this plugin's
             problems.append(f"part {folder} was made by another hatch-precompile than this build's; make parts with the same hatch-precompile as the wheel build (pin it in [build-system] requires)")
             continue
         for name, held in part["models"].items():
@@ -90,8 +91,26 @@ def choose(config: PrecompileConfig, models: list[str] | None, cpu_targets: list
     return chosen
 
 
+class PartArtifact(TypedDict):
+    key: str
+    built_with: BuiltWith
+
+
+class PartModel(TypedDict):
+    config: dict[str, Any]  # ModelConfig.to_json()
+    artifacts: dict[str, PartArtifact]  # by file
+
+
+class PartFile(TypedDict):
+    """A part's PART_FILE (the module docstring shows it)."""
+
+    format: int
+    plugin: str
+    models: dict[str, PartModel]
+
+
 def write_part_file(out: Path, config: PrecompileConfig, compiled: dict[str, BuiltModel]) -> None:
-    part: dict[str, Any] = {"format": PART_FORMAT, "plugin": plugin_fingerprint(), "models": {}}
+    part: PartFile = {"format": PART_FORMAT, "plugin": plugin_fingerprint(), "models": {}}
     for name, model in compiled.items():
         part["models"][name] = {
             "config": config.models[name].to_json(),

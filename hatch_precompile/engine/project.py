@@ -38,7 +38,7 @@ def precompile_table(document: dict[str, Any]) -> Any:
 def read_table(root: Path, document: dict[str, Any] | None = None) -> dict[str, Any]:
     """The raw `[tool.hatch.build.hooks.precompile]` table of `root`/pyproject.toml
     (`document`, where the caller has already parsed it)."""
-    table = precompile_table(read_pyproject(root) if document is None else document)
+    table: dict[str, Any] | None = precompile_table(read_pyproject(root) if document is None else document)
     if table is None:
         raise ConfigError([f"{root / 'pyproject.toml'}: no [{TABLE}] table; declare the models there (see the README)"])
     return table

@@ -9,11 +9,12 @@ whole, such as the remote store being down, shown once whichever worker says it;
 anything else there, or on stderr, is torch's chatter), and writes each model's out_dir/RESULT_FILE: a `BuiltModel`, or a
 `WorkerFailure` for the first model that failed, after which it stops (later
 models get no result). It exits 0 only when every model has a `BuiltModel`. JSON is the wire format only: each side reads it back
-into these classes at once.
+into these classes at once (a progress line: `Progress`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,26 @@ from .sources import ArtifactSources
 
 PROGRESS_PREFIX = "@hatch-precompile-progress "
 RESULT_FILE = "result.json"
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A step a worker finished, as it prints it on stdout."""
+
+    model: str
+    step: str
+    seconds: float | None = None
+    once: bool = False  # a notice about the build as a whole, shown once whichever worker says it
+
+    def line(self) -> str:
+        return PROGRESS_PREFIX + json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def parse(cls, line: str) -> Progress | None:
+        """The step a line of a worker's stdout reports; None for anything else (torch's chatter)."""
+        if not line.startswith(PROGRESS_PREFIX):
+            return None
+        return cls(**json.loads(line[len(PROGRESS_PREFIX) :]))
 
 
 @dataclass(frozen=True)
@@ -96,4 +117,6 @@ def read_result(out_dir: Path) -> BuiltModel | WorkerFailure | None:
     data = json.loads(path.read_text(encoding="utf-8"))
     if "error" in data:
         return WorkerFailure(data["error"]["step"], data["error"]["message"])
+    if not (isinstance(data.get("entry"), dict) and isinstance(data["entry"].get("artifacts"), list)):
+        raise ValueError(f"{path}: the worker's result holds no model entry")
     return BuiltModel(data["entry"], data["keys"], data["origins"], data["seconds"], Traffic.from_json(data["traffic"]))

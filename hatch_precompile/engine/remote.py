@@ -257,7 +257,8 @@ class _RedisClient:
         self._redis = redis.Redis.from_url(settings.url, socket_connect_timeout=CONNECT_TIMEOUT_S, socket_timeout=IO_TIMEOUT_S)
 
     def get(self, name: str) -> bytes | None:
-        return self._call(self._redis.get, name)
+        data: bytes | None = self._call(self._redis.get, name)
+        return data
 
     def put(self, name: str, data: bytes) -> None:
         self._call(self._redis.set, name, data)
@@ -298,7 +299,8 @@ class _S3Client:
 
     def get(self, name: str) -> bytes | None:
         try:
-            return self._s3.get_object(Bucket=self._bucket, Key=self._key(name))["Body"].read()
+            data: bytes = self._s3.get_object(Bucket=self._bucket, Key=self._key(name))["Body"].read()
+            return data
         except self._errors as error:
             if getattr(error, "response", {}).get("Error", {}).get("Code") in ("NoSuchKey", "404"):
                 return None

@@ -28,7 +28,7 @@ class Claim:
 
     key: str
     part: Path
-    built_with: dict[str, str]
+    built_with: BuiltWith
 
 
 @dataclass(frozen=True)

@@ -133,7 +133,15 @@ def cpu_features() -> frozenset[str]:
     return frozenset(name for name, present in torch.cpu.get_capabilities().items() if present is True)
 
 
-def _running_environment() -> dict[str, Any]:
+class RunningEnvironment(TorchAndPython):
+    """What the loader compares a variant with: this process's torch and Python, and its CPU."""
+
+    cpu_features: frozenset[str]
+    aten_capability: str  # the level of the ATen kernels torch runs here ("AVX512", ...)
+
+
+def running_environment() -> RunningEnvironment:
+    """This process, as the loader sees it (`hatch-precompile inspect` shows it too)."""
     import torch
 
     return {**torch_and_python(), "cpu_features": cpu_features(), "aten_capability": torch.backends.cpu.get_cpu_capability()}
@@ -153,7 +161,7 @@ def _choose(model: ModelEntry) -> tuple[list[Choice], str]:
     The two forms need different things of the process (`form_problems`). The
     torch build is compared by version and git revision: the artifact's exact
     key, torch_key(), hashes every torch source file and costs a second to compute."""
-    here = _running_environment()
+    here = running_environment()
     form = requested_form()
     targets: dict[str, list[ArtifactEntry]] = {}
     for artifact in sorted(model["artifacts"], key=lambda a: _aten_level(a["aten_capability"]), reverse=True):
@@ -193,7 +201,7 @@ def _choose(model: ModelEntry) -> tuple[list[Choice], str]:
     return [], f"no shipped artifact fits this process: {'; '.join(reasons)}; {running}"
 
 
-def form_problems(built: BuiltWith, here: dict[str, Any], requested: str) -> dict[str, list[str]]:
+def form_problems(built: BuiltWith, here: TorchAndPython, requested: str) -> dict[str, list[str]]:
     """Why each form ("lean", "artifact") cannot run here, given the torch and
     Python the variants were built with; an empty list where it can.
 
@@ -237,7 +245,7 @@ def native_problems(native: NativeNeeds) -> list[str]:
     files) that this system lacks: a newer glibc, or a libstdc++ without a symbol
     version they use. Decided before any kernel is loaded."""
     problems = []
-    glibc = _running_glibc()
+    glibc = running_glibc()
     if native["glibc"] and (glibc is None or _numbers(glibc) < _numbers(native["glibc"])):
         problems.append(f"its kernels need glibc {native['glibc']}, this system has {glibc or 'no glibc'}")
     lacking = _libstdcxx_lacking(native["glibcxx"]) if native["glibcxx"] else None
@@ -266,7 +274,7 @@ def _numbers(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in version.split(".") if part.isdigit())
 
 
-def _running_glibc() -> str | None:
+def running_glibc() -> str | None:
     try:
         return (os.confstr("CS_GNU_LIBC_VERSION") or "").partition(" ")[2] or None  # "glibc 2.36"
     except (ValueError, OSError):

@@ -62,7 +62,7 @@ def bounds_for(model: ModelConfig) -> AccuracyBounds | None:
     return None if bounds == AccuracyBounds() else bounds
 
 
-def reference_inputs(args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+def reference_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The example inputs for the float32 module: floating tensors as float32."""
     from .torch_internals import tree_map
 

@@ -28,6 +28,8 @@ from .index_bounds import index_bounds
 from .state import mutated_buffers
 from .torch_internals import DimFix, constraint_fixes, decompose, tree_leaves, tree_map, treespec_to_json
 
+Call = tuple[tuple[Any, ...], dict[str, Any]]  # one call's (args, kwargs)
+
 
 @dataclass
 class Captured:
@@ -47,10 +49,10 @@ class Captured:
     # the compiled graph on, from that state, against eager.
     state: list[str] = dataclasses.field(default_factory=list)
     initial_state: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
-    steps: list[tuple[tuple, dict[str, Any]]] = dataclasses.field(default_factory=list)
+    steps: list[Call] = dataclasses.field(default_factory=list)
 
     @property
-    def calls(self) -> list[tuple[tuple, dict[str, Any]]]:
+    def calls(self) -> list[Call]:
         """Every call the build checks, in order: the example inputs, then the steps."""
         return [(self.args, self.kwargs), *self.steps]
 
@@ -154,7 +156,7 @@ def capture(model: ModelConfig, module: torch.nn.Module, fixed: dict[str, int], 
     return dataclasses.replace(captured, state=state, initial_state=initial, steps=_example_steps(model, captured))
 
 
-def _example_steps(model: ModelConfig, captured: Captured) -> list[tuple[tuple, dict[str, Any]]]:
+def _example_steps(model: ModelConfig, captured: Captured) -> list[Call]:
     """The calls after the example inputs that a model with state is checked on:
     `example-steps`' calls, else the example inputs twice more."""
     if model.example_steps is None:
@@ -187,7 +189,7 @@ def _decomposition_failure(failed: _ExportFailed) -> str:
 class _ExportFailed(Exception):
     """torch.export (or the decomposition after it) raised `error`."""
 
-    def __init__(self, error: BaseException, dynamic_shapes: Any, args: tuple, kwargs: dict[str, Any], example_sizes: dict[str, int]) -> None:
+    def __init__(self, error: BaseException, dynamic_shapes: Any, args: tuple[Any, ...], kwargs: dict[str, Any], example_sizes: dict[str, int]) -> None:
         super().__init__(str(error))
         self.error, self.dynamic_shapes, self.example_sizes = error, dynamic_shapes, example_sizes
         self.example_args, self.example_kwargs = args, kwargs
@@ -275,7 +277,7 @@ def without_dead_code(exported: torch.export.ExportedProgram) -> torch.export.Ex
 
 def _describe_inputs(
     tree: TreeSpec,
-    args: tuple,
+    args: tuple[Any, ...],
     kwargs: dict[str, Any],
     positional: list[str],
     arg_dims: list[dict[int, str]],
@@ -314,7 +316,7 @@ def _describe_inputs(
     return leaves
 
 
-def _example_inputs_from_shapes(model: ModelConfig, fixed: dict[str, int]) -> tuple[tuple, dict, list[dict[int, str]], dict[str, dict[int, str]]]:
+def _example_inputs_from_shapes(model: ModelConfig, fixed: dict[str, int]) -> tuple[tuple[Any, ...], dict[str, Any], list[dict[int, str]], dict[str, dict[int, str]]]:
     specs = [*model.args, *model.kwargs.values()]
     static_sizes = {s for spec in specs for s in spec.shape if isinstance(s, int)}
     static_sizes |= set(fixed.values())
@@ -374,7 +376,7 @@ def _in_call_layout(value: Any) -> Any:
     return value
 
 
-def _example_inputs_from_callable(model: str, spec: str) -> tuple[tuple, dict]:
+def _example_inputs_from_callable(model: str, spec: str) -> Call:
     key = "example-inputs"
     make = import_callable(model, key, spec)
     try:
@@ -391,7 +393,7 @@ def _example_inputs_from_callable(model: str, spec: str) -> tuple[tuple, dict]:
     return args, kwargs
 
 
-def _dims_from_axes(model: ModelConfig, args: tuple, kwargs: dict) -> tuple[list[dict[int, str]], dict[str, dict[int, str]]]:
+def _dims_from_axes(model: ModelConfig, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[dict[int, str]], dict[str, dict[int, str]]]:
     arg_dims: list[dict[int, str]] = [{} for _ in args]
     kwarg_dims: dict[str, dict[int, str]] = {k: {} for k in kwargs}
     for dim, spec in model.dims.items():

@@ -37,9 +37,10 @@ from typing import Any
 
 from .. import __version__
 from ..runtime._layout import KERNELS_DIR
-from ..runtime._schema import ArtifactEntry
+from ..runtime._schema import ArtifactEntry, is_lean_only
 from ..runtime._torch_private import LEAN_BINDINGS
 from . import torch_internals
+from .lean_check import CheckRequest, ModuleCheck, read_results
 
 # The compiler imports inductor writes, by module. The loader binds the names in
 # LEAN_BINDINGS; the others must be unused.
@@ -206,13 +207,14 @@ def check_in_fresh_process(candidates: list[LeanCandidate], scratch: Path, op_li
     module file, "" if it matched or the reason it did not."""
     request = scratch / "lean-check.json"
     modules = [_check_request(c) for c in candidates]
-    request.write_text(json.dumps({"modules": modules, "op_libraries": op_libraries}), encoding="utf-8")
+    checks: CheckRequest = {"modules": modules, "op_libraries": op_libraries}
+    request.write_text(json.dumps(checks), encoding="utf-8")
     done = subprocess.run([sys.executable, "-m", CHECK_MODULE, str(request)], capture_output=True, text=True)
     results_path = scratch / "lean-check.result.json"
     if done.returncode != 0 or not results_path.is_file():
         reason = f"the check process exited with {done.returncode}: {done.stderr.strip()[-1500:]}"
         return {str(c.module_path): reason for c in candidates}
-    return json.loads(results_path.read_text(encoding="utf-8"))
+    return read_results(results_path)
 
 
 def check_in_this_process(candidates: list[LeanCandidate]) -> dict[str, str]:
@@ -224,13 +226,14 @@ def check_in_this_process(candidates: list[LeanCandidate]) -> dict[str, str]:
     return check_all([_check_request(c) for c in candidates])
 
 
-def _check_request(candidate: LeanCandidate) -> dict[str, Any]:
+def _check_request(candidate: LeanCandidate) -> ModuleCheck:
+    lean = candidate.artifact["lean"]
     return {
         "file": str(candidate.module_path),
         "data": str(candidate.data_path),
-        "extern_kernels": candidate.artifact["lean"]["extern_kernels"],
-        "inputs_to_check": candidate.artifact["lean"]["inputs_to_check"],
+        "extern_kernels": lean["extern_kernels"],
+        "inputs_to_check": lean["inputs_to_check"],
         "kernels": candidate.artifact["kernels"],
         "kernels_dir": str(candidate.module_path.parent / KERNELS_DIR),  # its model's
-        "constants": ({"file": str(candidate.module_path.parent / candidate.artifact["file"]), "specs": candidate.artifact["constants"]} if "constants" in candidate.artifact else None),
+        "constants": {"file": str(candidate.module_path.parent / candidate.artifact["file"]), "specs": candidate.artifact["constants"]} if is_lean_only(candidate.artifact) else None,
     }

@@ -17,10 +17,42 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, cast
+
+from ..runtime._schema import ConstantSpec
 
 
-def check(module: dict[str, Any]) -> str:
+class FrozenTensorsFile(TypedDict):
+    file: str  # an int8 variant's constants file
+    specs: dict[str, ConstantSpec]
+
+
+class ModuleCheck(TypedDict):
+    """One lean module to run, and what to run it with (worker/lean.py writes it)."""
+
+    file: str
+    data: str  # torch.save of compile._CheckedSequence: the calls, the artifact's outputs and state
+    extern_kernels: list[str]
+    inputs_to_check: list[int]
+    kernels: list[str]
+    kernels_dir: str  # its model's
+    constants: FrozenTensorsFile | None
+
+
+class CheckRequest(TypedDict):
+    modules: list[ModuleCheck]
+    op_libraries: dict[str, str]  # custom op -> the module defining it, imported first
+
+
+def read_results(path: Path) -> dict[str, str]:
+    """What `main` wrote: per module file, "" or the reason; ValueError where it is not that."""
+    results = json.loads(path.read_text(encoding="utf-8"))
+    if not (isinstance(results, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in results.items())):
+        raise ValueError(f"{path} is not a lean check's result")
+    return cast(dict[str, str], results)
+
+
+def check(module: ModuleCheck) -> str:
     import torch
 
     from ..runtime._frozen_tensors import rebuild_constants
@@ -56,7 +88,7 @@ def _worst(lean: Any, artifact: Any) -> float:
     return float((lean.float() - artifact.float()).abs().max().item())
 
 
-def check_all(modules: list[dict[str, Any]]) -> dict[str, str]:
+def check_all(modules: list[ModuleCheck]) -> dict[str, str]:
     """Per module file, "" if it matched or the reason it did not."""
     results = {}
     for module in modules:
@@ -73,7 +105,7 @@ COMPILER_MODULES = ("torch._inductor", "torch._dynamo")
 def main(request_path: str) -> int:
     from ..runtime._ops import import_op_libraries
 
-    request = json.loads(Path(request_path).read_text(encoding="utf-8"))
+    request: CheckRequest = json.loads(Path(request_path).read_text(encoding="utf-8"))  # written just now by worker/lean.py
     import_op_libraries(request["op_libraries"])  # as the loader does; what they import is theirs
     before = {name for name in COMPILER_MODULES if name in sys.modules}
     results = check_all(request["modules"])

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..engine.protocol import PROGRESS_PREFIX, BuiltModel, WorkerFailure, WorkerRequest, write_result
+from ..engine.protocol import BuiltModel, Progress, WorkerFailure, WorkerRequest, write_result
 from ..engine.remote import Traffic, remote_cache
 from ..runtime._schema import WeightsEntry, has_lean_form, is_lean_only
 
@@ -40,8 +40,7 @@ def _step(model: str, description: str) -> Iterator[None]:
 
 
 def _report(model: str, description: str, seconds: float | None = None, *, once: bool = False) -> None:
-    step = {"model": model, "step": description, "seconds": None if seconds is None else round(seconds, 2), "once": once}
-    print(PROGRESS_PREFIX + json.dumps(step), flush=True)
+    print(Progress(model, description, None if seconds is None else round(seconds, 2), once).line(), flush=True)
 
 
 def _report_remote(request: WorkerRequest) -> None:

@@ -61,7 +61,7 @@ def quantize(model: ModelConfig, captured: Captured) -> torch.fx.GraphModule:
             except Exception as error:
                 raise ModelBuildError(model.name, calibrating, f"batch {index}: the prepared module failed: {_torch_error(error)}") from None
     try:
-        converted = convert_pt2e(prepared)
+        converted: torch.fx.GraphModule = convert_pt2e(prepared)
     except Exception as error:
         raise ModelBuildError(model.name, step, torchao_failure("convert_pt2e", error)) from None
     if not any(_is_quantized_layer(node) for node in converted.graph.nodes):

@@ -43,8 +43,9 @@ def state_written_back(exported: torch.export.ExportedProgram) -> torch.fx.Graph
     graph itself where the model updates no buffer."""
     signature = exported.graph_signature
     if not signature.buffers_to_mutate:
-        return exported.graph_module
-    graph_module = copy.deepcopy(exported.graph_module)
+        unchanged: torch.fx.GraphModule = exported.graph_module
+        return unchanged
+    graph_module: torch.fx.GraphModule = copy.deepcopy(exported.graph_module)
     graph = graph_module.graph
     placeholders = {node.name: node for node in graph.nodes if node.op == "placeholder"}
     buffer_placeholder = {s.target: placeholders[s.arg.name] for s in signature.input_specs if s.kind.name == "BUFFER"}
@@ -98,7 +99,7 @@ def _index_into_base(graph: torch.fx.Graph, buffer: torch.fx.Node, new_value: to
     return whole
 
 
-def _slice_bounds(args: tuple) -> tuple:
+def _slice_bounds(args: tuple[Any, ...]) -> tuple[Any, ...]:
     """(dim, start, end, step) of a slice from its arguments after the tensor(s),
     aten's defaults filled in."""
     dim, start, end, step = [*args, None, None, None, None][:4]

@@ -180,7 +180,8 @@ def decompose(exported: torch.export.ExportedProgram) -> torch.export.ExportedPr
 
     for module in LAZY_DECOMPOSITION_MODULES:
         importlib.import_module(module)
-    return exported.run_decompositions(select_decomp_table())
+    decomposed: torch.export.ExportedProgram = exported.run_decompositions(select_decomp_table())
+    return decomposed
 
 
 @dataclass(frozen=True)
@@ -279,7 +280,7 @@ _TORCH_DIR = os.path.dirname(torch.__file__)
 _TORCH_PATH_MAP = shlex.quote(f"-ffile-prefix-map={_TORCH_DIR}=torch")
 
 
-_vector_isa_probes: Path | None = None  # where `vector_isa` has the probes kept, set by `compiler_outputs_in`
+_vector_isa_probes: list[Path] = []  # where `vector_isa` has the probes kept: the innermost `compiler_outputs_in`'s folder
 
 
 @contextlib.contextmanager
@@ -289,13 +290,12 @@ def compiler_outputs_in(folder: Path) -> Iterator[None]:
     precompiled headers (`precompiled_headers_in`) and the vector-ISA probes
     (`probe_vector_isas_in`, run by the first `vector_isa`, so that a worker
     whose artifacts all come from a cache compiles no probe)."""
-    global _vector_isa_probes
-    _vector_isa_probes = folder / "vector-isa"
+    _vector_isa_probes.append(folder / "vector-isa")
     try:
         with precompiled_headers_in(folder / "headers"):
             yield
     finally:
-        _vector_isa_probes = None
+        _vector_isa_probes.pop()
 
 
 def probe_vector_isas_in(folder: Path) -> None:
@@ -491,7 +491,7 @@ def captured_kernels() -> Iterator[dict[str, Callable[[], str]]]:
     def record(loader_cls: Any, *args: Any, **kwargs: Any) -> Callable[[], Any]:
         arguments = bind_arguments(signature, loader_cls, args, kwargs)
         key = kernel_key(arguments)
-        get_entry = original(**_shipped_kernel_arguments(arguments, key))
+        get_entry: Callable[[], Any] = original(**_shipped_kernel_arguments(arguments, key))
         built[key] = lambda: get_entry().__self__.__file__  # the entry function's module
         return get_entry
 
@@ -536,8 +536,8 @@ def vector_isa(simdlen: int) -> tuple[str, str]:
     from torch._inductor import config
     from torch._inductor.cpu_vec_isa import pick_vec_isa
 
-    if _vector_isa_probes is not None:
-        probe_vector_isas_in(_vector_isa_probes)  # once: valid_vec_isa_list is cached after it succeeds
+    if _vector_isa_probes:
+        probe_vector_isas_in(_vector_isa_probes[-1])  # once: valid_vec_isa_list is cached after it succeeds
     with config.patch({"cpp.simdlen": simdlen}):
         isa = pick_vec_isa()
     if not isa:

@@ -59,5 +59,5 @@ def save_weights(model: ModelConfig, captured: Captured, out_dir: Path) -> Weigh
 
 
 def _lifted_tensor(exported: torch.export.ExportedProgram, target: str) -> torch.Tensor:
-    tensor = exported.state_dict[target] if target in exported.state_dict else exported.constants[target]
+    tensor: torch.Tensor = exported.state_dict[target] if target in exported.state_dict else exported.constants[target]
     return tensor.detach()
