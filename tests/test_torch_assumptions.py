@@ -1,5 +1,5 @@
 """Each assumption that `runtime/_torch_private.py` (the loader's) and
-`torch_internals.py` (the build's) make about torch, checked against the
+`worker/torch_internals/` (the build's) make about torch, checked against the
 installed torch. When one of these fails after a torch upgrade, fix that module."""
 
 from __future__ import annotations
@@ -386,8 +386,8 @@ def test_precompiled_headers_come_from_a_module_global_the_build_can_replace() -
     assert list(parameters)[:2] == ["header", "hashable_cmd_line"] and "compile_command" in parameters
     assert "_precompile_header(" in inspect.getsource(codecache.CppCodeCache.load_async)
     options = CppTorchDeviceOptions(device_type="cpu", precompiling=True)
-    options._passthrough_args.append(torch_internals._TORCH_PATH_MAP)
-    assert torch_internals._TORCH_PATH_MAP in CppBuilder(name="o", sources="i.h", BuildOption=options).get_command_line()
+    options._passthrough_args.append(torch_internals.TORCH_PATH_MAP)
+    assert torch_internals.TORCH_PATH_MAP in CppBuilder(name="o", sources="i.h", BuildOption=options).get_command_line()
 
 
 def test_the_loader_binds_exactly_the_names_the_build_leaves_unbound() -> None:

@@ -1,8 +1,8 @@
 """The loader's uses of torch's private internals, in one place.
 
 hatch-precompile copies this file into wheels with the loader; the build side's
-own uses are in `hatch_precompile/worker/torch_internals.py`, which does not ship. A
-torch upgrade touches only these two modules, and
+own uses are in `hatch_precompile/worker/torch_internals/`, which does not ship. A
+torch upgrade touches only this module and that package, and
 `tests/test_torch_assumptions.py` checks each assumption below against the
 installed torch, failing loudly when one stops holding.
 
