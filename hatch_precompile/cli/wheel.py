@@ -381,7 +381,6 @@ def _read_record(wheel: Wheel) -> dict[str, tuple[str, str]]:
 def _what_loads_here(manifest: Manifest | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """Per model: the loader's own choice for this process (`plan`), or why none."""
     from ..runtime import _manifest as loader
-    from ..runtime import _why_artifact_form  # what explain() says
 
     if manifest is None:
         return {}, {"summary": "not decided: the loader refuses a manifest that does not match its digest"}
@@ -412,7 +411,7 @@ def _what_loads_here(manifest: Manifest | None) -> tuple[dict[str, Any], dict[st
                 {
                     "file": choice.file,
                     "form": choice.form,
-                    "form_note": _why_artifact_form(choice).removeprefix("; ") if choice.form == "artifact" else "",
+                    "form_note": loader.why_artifact_form(choice).removeprefix("; ") if choice.form == "artifact" else "",
                     "shape": _shape_text(model, choice.artifact),
                     "cpu_target": choice.artifact["cpu_target"],
                 }

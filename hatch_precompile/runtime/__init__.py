@@ -66,7 +66,7 @@ from . import _artifact, _lean
 from ._contract import check_inputs, conform_layouts, flatten_call, unflatten
 from ._errors import PrecompiledFallbackWarning, PrecompiledIntegrityError, PrecompiledModelError
 from ._generate import greedy
-from ._manifest import MANIFEST_FORMAT, Choice, Plan, fallback_policy, plan, read_manifest, unavailable
+from ._manifest import MANIFEST_FORMAT, Choice, Plan, fallback_policy, plan, read_manifest, unavailable, why_artifact_form
 from ._ops import OpLibraryError, import_op_libraries
 from ._schema import ModelEntry, SourceModel
 from ._weights import bind_weights, build_module, read_weights
@@ -167,7 +167,7 @@ def explain(name: str | None = None) -> str:
             continue
         described = []
         for choice in how.choices:
-            why = "" if choice.form == "lean" else _why_artifact_form(choice)
+            why = "" if choice.form == "lean" else why_artifact_form(choice)
             described.append(f"{choice.file} ({choice.form} form{why})")
         line = f"{each}: would load {', '.join(described)} for CPU target {how.choices[0].artifact['cpu_target']}"
         op_libraries = how.entry["op_libraries"]
@@ -175,11 +175,6 @@ def explain(name: str | None = None) -> str:
             line += f", after importing {', '.join(sorted(set(op_libraries.values())))} (custom ops {', '.join(op_libraries)})"
         lines.append(line)
     return "\n".join(lines)
-
-
-def _why_artifact_form(choice: Choice) -> str:
-    refused = choice.artifact["lean"].get("refused")
-    return f"; the build refused the lean form: {refused}" if refused else "; HATCH_PRECOMPILE_FORM=artifact"
 
 
 load_compiled.explain = explain  # type: ignore[attr-defined]  # reachable through the one re-exported name

@@ -147,6 +147,12 @@ def running_environment() -> RunningEnvironment:
     return {**torch_and_python(), "cpu_features": cpu_features(), "aten_capability": torch.backends.cpu.get_cpu_capability()}
 
 
+def why_artifact_form(choice: Choice) -> str:
+    """Why a variant loads as the artifact, as `explain()` and `hatch-precompile inspect` say it."""
+    refused = choice.artifact["lean"].get("refused")
+    return f"; the build refused the lean form: {refused}" if refused else "; HATCH_PRECOMPILE_FORM=artifact"
+
+
 def requested_form() -> str:
     form = os.environ.get(FORM_VARIABLE) or "auto"
     if form not in FORMS:
