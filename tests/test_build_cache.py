@@ -237,7 +237,7 @@ def test_a_part_from_another_model_or_configuration_is_refused(project: Path, pa
     pyproject.write_text(pyproject.read_text().replace("min = 1, max = 16", "min = 2, max = 16"))
     log, files = build(other, tmp_path / "changed-config", cache="off", parts=[part], check=False)
     assert files == {}
-    assert f"part {part}: model 'affine' was compiled from another configuration (tool.hatch.build.hooks.precompile.models.affine: dims differ)" in log
+    assert f"part {part}: model 'affine' was compiled from another configuration (tool.hatch.build.hooks.precompile.models.affine.dims differ)" in log
 
 
 def test_compile_part_names_unknown_models_and_targets(project: Path, tmp_path: Path) -> None:
