@@ -66,6 +66,18 @@ def with_find_links(*folders: Path, base: dict[str, str] | None = None) -> dict[
     return env
 
 
+def sharing_compiler_outputs(cache: Path) -> Path:
+    """`cache`, a new build cache whose artifacts start empty but whose C++
+    compiler outputs (the precompiled header, inductor's vector-ISA probes: one
+    set per torch and compiler, about 20 s of CPU to make) are the session
+    cache's: for tests about artifacts, which need not build those again."""
+    shared = Path(os.environ["HATCH_PRECOMPILE_BUILD_CACHE"]) / "compiler"
+    shared.mkdir(parents=True, exist_ok=True)
+    cache.mkdir(parents=True, exist_ok=True)
+    (cache / "compiler").symlink_to(shared, target_is_directory=True)
+    return cache
+
+
 def no_compiler_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     """No C++ compiler reachable (every name is a trap that records its use), and
     empty private and inductor caches."""

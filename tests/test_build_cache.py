@@ -19,7 +19,7 @@ import pytest
 
 from hatch_precompile.engine.assemble import RUNTIME_FILES
 
-from conftest import run, write_project
+from conftest import run, sharing_compiler_outputs, write_project
 
 pytestmark = [pytest.mark.e2e, pytest.mark.standalone]
 
@@ -161,7 +161,7 @@ class CachedBuild:
 def cached(project: Path, tmp_path_factory: pytest.TempPathFactory) -> CachedBuild:
     """A cold build into an empty build cache, two workers: the cache the tests
     below start from (each works on a copy of it)."""
-    cache = tmp_path_factory.mktemp("filled") / "cache"
+    cache = sharing_compiler_outputs(tmp_path_factory.mktemp("filled") / "cache")
     log, files = build(project, tmp_path_factory.mktemp("cached-build"), cache=cache)
     return CachedBuild(log, files, cache)
 
@@ -170,7 +170,7 @@ def test_a_rebuild_recompiles_nothing_and_gives_the_same_files(project: Path, ca
     assert origins(cached.log) == {"affine": "compiled", "doubler": "compiled"}
     assert cached.files == reference
     cache = tmp_path / "cache"
-    shutil.copytree(cached.cache, cache)
+    shutil.copytree(cached.cache, cache, symlinks=True)  # the compiler outputs stay shared
     log, files = build(project, tmp_path / "warm", cache=cache)
     assert origins(log) == {"affine": "cached", "doubler": "cached"}
     assert "checked against eager" in log and "cpu_avx2.bin: lean form" in log  # still captured and checked
@@ -189,7 +189,7 @@ def test_changing_one_model_recompiles_only_that_model(project: Path, cached: Ca
     changed = tmp_path / "changed"
     shutil.copytree(project, changed)
     cache = tmp_path / "cache"
-    shutil.copytree(cached.cache, cache)
+    shutil.copytree(cached.cache, cache, symlinks=True)  # the compiler outputs stay shared
     models = changed / "src/twomodels/models.py"
     models.write_text(models.read_text().replace("torch.tanh(x) * 2", "torch.sigmoid(x) * 2"))
     log, _ = build(changed, tmp_path / "second", cache=cache)

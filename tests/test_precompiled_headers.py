@@ -21,6 +21,7 @@ from hatch_precompile.worker import torch_internals
 model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).eval()
 batch = torch.export.Dim("batch", min=1, max=32)
 exported = torch_internals.decompose(torch.export.export(model, (torch.randn(3, 8),), dynamic_shapes=({0: batch},)))
+torch_internals.probe_vector_isas_in(Path(sys.argv[2]))  # the session's probes: this test is about the header
 with torch_internals.precompiled_headers_in(Path(sys.argv[1])), torch_internals.captured_kernels() as built:
     torch_internals.compile_exported(exported, {"cpp.simdlen": 256, "cpp.march": "x86-64-v3"})
     print(json.dumps({key: hashlib.sha256(Path(path()).read_bytes()).hexdigest() for key, path in built.items()}))
@@ -29,7 +30,8 @@ with torch_internals.precompiled_headers_in(Path(sys.argv[1])), torch_internals.
 
 def compile_in(python: str, headers: Path, inductor_cache: Path) -> dict[str, str]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "TORCHINDUCTOR_CACHE_DIR": str(inductor_cache)}
-    result = run([python, "-c", COMPILE, str(headers)], env=env)
+    probes = Path(os.environ["HATCH_PRECOMPILE_BUILD_CACHE"]) / "compiler" / "vector-isa"
+    result = run([python, "-c", COMPILE, str(headers), str(probes)], env=env)
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
