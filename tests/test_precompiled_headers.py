@@ -36,9 +36,12 @@ def compile_in(python: str, headers: Path, inductor_cache: Path) -> dict[str, st
 
 
 def test_environments_with_torch_elsewhere_share_one_header_and_build_the_same_kernels(torch_venv: Venv, tmp_path: Path) -> None:
+    """The session's header folder, where the builds before this test kept theirs
+    (or this test's first compile keeps it): the other environment must find it
+    there and build the same kernels with it."""
     import torch
 
-    headers = tmp_path / "headers"
+    headers = Path(os.environ["HATCH_PRECOMPILE_BUILD_CACHE"]) / "compiler" / "headers"
     here = compile_in(sys.executable, headers, tmp_path / "inductor-here")
     built = sorted(headers.glob("*.gch"))
     assert built, "no precompiled header was kept in the folder given"
