@@ -13,7 +13,7 @@ import pytest
 from hatch_precompile.engine import config as config_module
 from hatch_precompile.engine.cache import plugin_fingerprint
 from hatch_precompile.engine.config import TABLE_KEYS, ConfigError, model_keys, parse_config, reference_tables
-from hatch_precompile.engine.model_config import AccuracyBounds, Dim, ModelConfig, OutputForm, TensorInput, setting
+from hatch_precompile.engine.model_config import CHOICES, AccuracyBounds, Dim, ModelConfig, OutputForm, TensorInput, setting
 from hatch_precompile.engine.parts import PART_FILE, PART_FORMAT, read_parts
 from hatch_precompile.runtime import OUTPUT_FORMS
 
@@ -266,7 +266,7 @@ def test_the_documented_keys_are_these() -> None:
 class WithVectorize(ModelConfig):
     """ModelConfig and one setting more, as a new feature would add it."""
 
-    vectorize: Literal["on", "off"] = field(default="on", metadata=setting("vectorize", '`"on"` \\| `"off"`', '`"on"`', "a new choice", compiled=True, keyed=True))
+    vectorize: Literal["on", "off"] = field(default="on", metadata=setting("vectorize", CHOICES, '`"on"`', "a new choice", compiled=True, keyed=True))
 
 
 def test_a_new_model_setting_reaches_the_docs_the_parser_the_worker_the_key_and_the_part_check(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

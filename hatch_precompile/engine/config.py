@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from ..runtime._manifest import CONFIG_TABLE
 from .errors import BuildFailure
-from .model_config import IMPORT_PATH, AccuracyBounds, Dim, KeyDoc, ModelConfig, TensorInput, choices, model_settings
+from .model_config import IMPORT_PATH, AccuracyBounds, Dim, KeyDoc, ModelConfig, TensorInput, choices, model_settings, reference_type
 from .options import flatten as flatten_options
 from .options import option_problems
 from .remote import url_problem
@@ -66,7 +66,7 @@ TABLE_KEYS = {
 
 def model_keys() -> dict[str, KeyDoc]:
     """`[tool.hatch.build.hooks.precompile.models.<name>]`'s keys, from ModelConfig's fields."""
-    return {setting.key: setting for setting in model_settings(ModelConfig).values()}
+    return {setting.key: KeyDoc(reference_type(ModelConfig, name), setting.default, setting.meaning) for name, setting in model_settings(ModelConfig).items()}
 
 
 def reference_tables() -> str:

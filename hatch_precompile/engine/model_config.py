@@ -5,7 +5,7 @@ key in `[tool.hatch.build.hooks.precompile.models.<name>]`, how the configuratio
 reference shows it, whether it decides what is compiled, and its JSON form. What
 used to be lists kept by hand derives from the fields: the keys the parser
 accepts and the reference documents (`model_settings`), the choices of a
-`Literal`-typed field (`choices`), the form sent to the compile worker and kept
+`Literal`-typed field (`choices`) and how the reference shows them, the form sent to the compile worker and kept
 in a part (`to_json`/`from_json`), the settings a part is checked against
 (`compiled_json`) and those hashed into the artifact key (`keyed_json`). A new
 field with a `Setting` reaches all of them (tests/test_config.py adds one).
@@ -30,6 +30,7 @@ Quantization = Literal["int8"]
 OutputForm = Literal["classes", "plain"]  # runtime.OUTPUT_FORMS, which the loader checks (a test keeps them equal)
 
 IMPORT_PATH = '`"module:callable"`'  # a Setting of this type is checked as an import path
+CHOICES = ""  # the type of a `Literal` field: the reference shows its values (`reference_type`)
 
 
 @dataclass(frozen=True)
@@ -188,7 +189,7 @@ class ModelConfig:
         default="embed",
         metadata=setting(
             "weights",
-            '`"embed"` \\| `"factory"`',
+            CHOICES,
             '`"embed"`',
             "`embed`: ship parameters, buffers and constants as safetensors; `factory`: ship nothing but constants, call the factory at load "
             "(an int8 model has its weights compiled in: only its eager fallback calls the factory)",
@@ -198,7 +199,7 @@ class ModelConfig:
         default=None,
         metadata=setting(
             "dtype",
-            '`"float32"` \\| `"bfloat16"` \\| `"float16"`',
+            CHOICES,
             "(unchanged)",
             "convert the module's floating-point state before capture",
             compiled=True,
@@ -217,7 +218,7 @@ class ModelConfig:
             keyed=True,
         ),
     )
-    fallback: Fallback = field(default="eager", metadata=setting("fallback", '`"eager"` \\| `"error"`', "the table's `fallback`", "per-model override"))
+    fallback: Fallback = field(default="eager", metadata=setting("fallback", CHOICES, "the table's `fallback`", "per-model override"))
     cpu_targets: tuple[str, ...] = field(default=DEFAULT_CPU_TARGETS, metadata=setting("cpu-targets", "array", "the table's `cpu-targets`", "per-model override", to_plain=list, from_plain=tuple))
     accuracy: AccuracyBounds = field(
         default=AccuracyBounds(),
@@ -235,7 +236,7 @@ class ModelConfig:
         default=None,
         metadata=setting(
             "quantize",
-            '`"int8"`',
+            CHOICES,
             "(none)",
             "quantize the float32 module to int8 (PT2E, torchao's X86InductorQuantizer; see [int8](#int8)); needs torchao in the build environment",
             compiled=True,
@@ -256,7 +257,7 @@ class ModelConfig:
         default="classes",
         metadata=setting(
             "outputs",
-            '`"classes"` \\| `"plain"`',
+            CHOICES,
             '`"classes"`',
             "`plain`: `load_compiled` returns dicts and tuples where the module returns library output classes or named tuples, so their library (transformers: about 1 s) is never imported",
         ),
@@ -298,6 +299,13 @@ def shape_variants(dims: dict[str, Dim]) -> list[dict[str, int]]:
 def model_settings(config_class: type[ModelConfig] = ModelConfig) -> dict[str, Setting]:
     """Each field's Setting, by field name, in the reference's order."""
     return {f.name: f.metadata["setting"] for f in dataclasses.fields(config_class) if "setting" in f.metadata}
+
+
+def reference_type(config_class: type[ModelConfig], field_name: str) -> str:
+    """How the configuration reference shows a field's type: a `Literal` field's
+    values, so that they cannot drift from what the parser accepts; else its Setting's."""
+    allowed = choices(config_class, field_name)
+    return " \\| ".join(f'`"{value}"`' for value in allowed) if allowed else model_settings(config_class)[field_name].type
 
 
 def choices(config_class: type[ModelConfig], field_name: str) -> tuple[str, ...]:
