@@ -138,3 +138,12 @@ def test_a_bad_worker_count_in_the_environment_is_named(monkeypatch: pytest.Monk
     with pytest.raises(ConfigError) as caught:
         resolve_settings(CONFIG)
     assert caught.value.problems == [f"HATCH_PRECOMPILE_JOBS: expected a whole number of workers, 1 or more, found {value!r}"]
+
+
+def test_a_part_file_that_is_not_a_record_is_refused_as_another_plugins(tmp_path: Path) -> None:
+    folder = tmp_path / "p"
+    folder.mkdir()
+    (folder / PART_FILE).write_text("[]")
+    assert problems([folder]) == [
+        f"part {folder} was made by another hatch-precompile than this build's; make parts with the same hatch-precompile as the wheel build (pin it in [build-system] requires)"
+    ]

@@ -11,7 +11,9 @@ damaged objects) use the store's code on real entries directly, and
 
 from __future__ import annotations
 
+import hashlib
 import io
+import json
 import os
 import shutil
 import subprocess
@@ -303,6 +305,8 @@ def test_read_only_takes_entries_and_writes_none(redis_server: Server, tmp_path:
         ("another key", "ValueError: it was stored under another key"),
         ("not a tar", "ReadError"),
         ("a path out", "OutsideDestinationError"),
+        ("not a record", "ValueError: entry.json is not an entry record"),
+        ("a stray file", "ValueError: entry.json lists other files than its entry ships"),
     ],
 )
 def test_an_object_that_is_not_the_entry_asked_for_is_a_miss(redis_server: Server, tmp_path: Path, change: str, problem: str) -> None:
@@ -318,6 +322,14 @@ def test_an_object_that_is_not_the_entry_asked_for_is_a_miss(redis_server: Serve
         "another key": pack_entry("f" * 64, tmp_path / "model", entry),  # type: ignore[arg-type]
         "not a tar": b"not a tar",
         "a path out": _tar({"../../outside.txt": b"x"}),
+        "not a record": _tar({"entry.json": b"[]"}),
+        "a stray file": _tar(
+            {
+                "cpu_avx2.bin": b"artifact",
+                "stray.so": b"code",
+                "entry.json": json.dumps({"key": key, "entry": ENTRY, "sha256": {"cpu_avx2.bin": _sha256(b"artifact"), "stray.so": _sha256(b"code")}}).encode(),
+            }
+        ),
     }[change]
     redis.Redis.from_url(remote.settings.url).set(f"hatch-precompile/build/{key[:2]}/{key}.tar", blob)
     local = tmp_path / "local"
@@ -327,6 +339,10 @@ def test_an_object_that_is_not_the_entry_asked_for_is_a_miss(redis_server: Serve
     (notice,) = remote.take_notices()
     assert f"the entry {key[:12]} is damaged ({problem}" in notice
     assert not (tmp_path / "outside.txt").exists() and not list(local.glob("*/*/entry.json"))
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def _tar(files: dict[str, bytes]) -> bytes:
