@@ -66,13 +66,20 @@ def with_find_links(*folders: Path, base: dict[str, str] | None = None) -> dict[
     return env
 
 
-def sharing_compiler_outputs(cache: Path) -> Path:
-    """`cache`, a new build cache whose artifacts start empty but whose C++
-    compiler outputs (the precompiled header, inductor's vector-ISA probes: one
-    set per torch and compiler, about 20 s of CPU to make) are the session
-    cache's: for tests about artifacts, which need not build those again."""
+def session_compiler_outputs() -> Path:
+    """The session build cache's C++ compiler outputs (the precompiled header,
+    inductor's vector-ISA probes: one set per torch and compiler, about 20 s of
+    CPU to make), which the session's builds make once and keep."""
     shared = Path(os.environ["HATCH_PRECOMPILE_BUILD_CACHE"]) / "compiler"
     shared.mkdir(parents=True, exist_ok=True)
+    return shared
+
+
+def sharing_compiler_outputs(cache: Path) -> Path:
+    """`cache`, a new build cache whose artifacts start empty but whose compiler
+    outputs are the session cache's: for tests about artifacts, which need not
+    build those again."""
+    shared = session_compiler_outputs()
     cache.mkdir(parents=True, exist_ok=True)
     (cache / "compiler").symlink_to(shared, target_is_directory=True)
     return cache
@@ -131,15 +138,27 @@ def reseal(manifest_path: Path, manifest: dict) -> None:
     (manifest_path.parent / "_build.py").write_text(f'MANIFEST_SHA256 = "{hashlib.sha256(data).hexdigest()}"\n')
 
 
-def pin_build_torch(pyproject: Path) -> None:
-    """Pin the example's build requirement to the torch release under test (the
-    example pins 2.13.0, this repository's default; a release leg runs another)."""
+DEFAULT_RELEASE = "2.13.0"  # this repository's default torch (dev.sh's DEFAULT_TORCH), which the example pins
+
+
+def release_under_test() -> str:
     import torch
 
-    release = torch.__version__.split("+")[0]
+    return torch.__version__.split("+")[0]
+
+
+def on_a_release_leg() -> bool:
+    """Whether this session runs under another supported torch release than the
+    default (`./dev.sh leg RELEASE`), where only the release-marked tests run."""
+    return release_under_test() != DEFAULT_RELEASE
+
+
+def pin_build_torch(pyproject: Path) -> None:
+    """Pin the example's build requirement to the torch release under test (the
+    example pins the default release; a release leg runs another)."""
     text = pyproject.read_text()
-    assert '"torch==2.13.0"' in text, "the example's build requirement changed: update pin_build_torch"
-    pyproject.write_text(text.replace('"torch==2.13.0"', f'"torch=={release}"'))
+    assert f'"torch=={DEFAULT_RELEASE}"' in text, "the example's build requirement changed: update pin_build_torch"
+    pyproject.write_text(text.replace(f'"torch=={DEFAULT_RELEASE}"', f'"torch=={release_under_test()}"'))
 
 
 @dataclass

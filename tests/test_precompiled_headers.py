@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from conftest import REPO, Venv, run
+from conftest import REPO, Venv, run, session_compiler_outputs
 
 # Compile a small model as the worker does; print each kernel's key and sha256.
 COMPILE = """
@@ -30,7 +30,7 @@ with torch_internals.precompiled_headers_in(Path(sys.argv[1])), torch_internals.
 
 def compile_in(python: str, headers: Path, inductor_cache: Path) -> dict[str, str]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "TORCHINDUCTOR_CACHE_DIR": str(inductor_cache)}
-    probes = Path(os.environ["HATCH_PRECOMPILE_BUILD_CACHE"]) / "compiler" / "vector-isa"
+    probes = session_compiler_outputs() / "vector-isa"
     result = run([python, "-c", COMPILE, str(headers), str(probes)], env=env)
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -41,7 +41,7 @@ def test_environments_with_torch_elsewhere_share_one_header_and_build_the_same_k
     there and build the same kernels with it."""
     import torch
 
-    headers = Path(os.environ["HATCH_PRECOMPILE_BUILD_CACHE"]) / "compiler" / "headers"
+    headers = session_compiler_outputs() / "headers"
     here = compile_in(sys.executable, headers, tmp_path / "inductor-here")
     built = sorted(headers.glob("*.gch"))
     assert built, "no precompiled header was kept in the folder given"

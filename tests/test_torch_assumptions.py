@@ -24,6 +24,8 @@ from hatch_precompile.runtime import _torch_private
 from hatch_precompile.runtime._torch_private import ArtifactFormatError
 from hatch_precompile.worker import lean, torch_internals
 
+from conftest import session_compiler_outputs
+
 pytestmark = pytest.mark.release
 
 
@@ -49,17 +51,20 @@ class Compiled:
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory: pytest.TempPathFactory) -> Compiled:
-    """A small model exported with a dynamic batch, compiled into a private cache, saved."""
+    """A small model exported with a dynamic batch, compiled into a private cache, saved.
+    The vector-ISA probes and the precompiled header are the session's (this
+    process's compiles all use them: `compiler_outputs`), as a build's would be."""
     folder = tmp_path_factory.mktemp("compiled")
     cache = folder / "inductor-cache"
     previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
     try:
+        torch_internals.probe_vector_isas_in(session_compiler_outputs() / "vector-isa")
         module = Small().eval()
         batch = torch.export.Dim("batch", min=1, max=32)
         exported = torch.export.export(module, (torch.randn(3, 8),), dynamic_shapes=({0: batch},))
         exported = torch_internals.decompose(exported)
-        with torch_internals.precompiled_headers_in(folder / "headers"), torch_internals.captured_kernels() as built:
+        with torch_internals.precompiled_headers_in(session_compiler_outputs() / "headers"), torch_internals.captured_kernels() as built:
             artifact = torch_internals.compile_exported(exported, {})
             kernels = {key: Path(path()) for key, path in built.items()}
         path = folder / "small.bin"
@@ -369,7 +374,7 @@ def test_the_hooks_reproducible_builds_rely_on(compiled) -> None:
     for path in compiled.kernels.values():
         binary = path.read_bytes().decode("latin-1")
         assert str(compiled.cache) not in binary and torch_dir not in binary
-    headers = list((compiled.path.parent / "headers").glob("*.h.gch"))
+    headers = list((session_compiler_outputs() / "headers").glob("*.h.gch"))
     assert headers, "the kernels were compiled without the build's precompiled header"
 
 
@@ -623,7 +628,7 @@ def test_after_start_model_a_model_compiles_to_the_bytes_it_would_in_a_fresh_pro
     def compiled_bytes(module: nn.Module, name: str) -> bytes:
         monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / f"{name}-cache"))
         exported = torch_internals.decompose(torch.export.export(module.eval(), (torch.randn(3, 8),)))
-        with torch_internals.precompiled_headers_in(tmp_path / "headers"):
+        with torch_internals.precompiled_headers_in(session_compiler_outputs() / "headers"):
             artifact = torch_internals.compile_exported(exported, {})
         torch_internals.save_artifact(artifact, str(tmp_path / name))
         return (tmp_path / name).read_bytes()
@@ -647,18 +652,22 @@ print(json.dumps(sorted(str(isa) for isa in valid_vec_isa_list())))
 
 def test_the_vector_isa_probes_compile_into_the_folder_given_and_only_once(tmp_path: Path) -> None:
     """`probe_vector_isas_in` decides the process's vector ISAs with inductor's
-    probe programs built in the folder given (none elsewhere: the process's own
+    probe programs in the folder given (none elsewhere: the process's own
     inductor cache stays empty), and a second process given that folder finds
-    the same ISAs without building any program again."""
+    the same ISAs without building any program again. The folder is the
+    session's, where the builds before this test (which use the same function)
+    may have built the programs already: then the first process builds none
+    either."""
+    folder = session_compiler_outputs() / "vector-isa"
 
     def probe() -> list[str]:
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor-cache")}
-        done = subprocess.run([sys.executable, "-c", PROBE_VECTOR_ISAS, str(tmp_path / "vector-isa")], env=env, capture_output=True, text=True)
+        done = subprocess.run([sys.executable, "-c", PROBE_VECTOR_ISAS, str(folder)], env=env, capture_output=True, text=True)
         assert done.returncode == 0, done.stderr[-3000:]
         return json.loads(done.stdout.strip().splitlines()[-1])
 
     def programs() -> dict[str, tuple[int, int]]:
-        return {str(p): (p.stat().st_ino, p.stat().st_mtime_ns) for p in (tmp_path / "vector-isa").rglob("*.so")}
+        return {str(p): (p.stat().st_ino, p.stat().st_mtime_ns) for p in folder.rglob("*.so")}
 
     first = probe()
     built = programs()
