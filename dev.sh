@@ -11,6 +11,7 @@
 #   ./dev.sh bench [ARGS]  the cold-start benchmark (benchmarks/cold_start.py)
 #   ./dev.sh bench-build [ARGS]  the build-time benchmark (benchmarks/build_time.py)
 #   ./dev.sh bench-decode [ARGS]  the decode benchmark (benchmarks/decode.py): a KV-cache decoder
+#   ./dev.sh bench-per-call [ARGS]  where a call's time goes, lean form against AOTInductor (benchmarks/per_call.py)
 # TORCH_REQUIREMENT picks the torch for demo, test and bench (default torch==2.13.0);
 # each torch gets its own environment (.venv for the default, .venv-torch-X.Y.Z else).
 set -euo pipefail
@@ -126,6 +127,13 @@ bench() {
   "$DEMO/venv/bin/python" benchmarks/cold_start.py "$@"
 }
 
+bench_per_call() {
+  install_example
+  install_transformers_example
+  echo "== per-call benchmark: the lean form against AOTInductor, part by part (AOTInductor compiles each model once at setup)"
+  "$DEMO/venv/bin/python" benchmarks/per_call.py "$@"
+}
+
 install_decoder() {  # after install_example: adds decoder_bench (a 92 M decoder with a KV cache: float32 1024 and 2048, bfloat16) to $DEMO/venv
   echo "== building the decoder wheel (one Llama-style decoder with its KV cache in its state, three builds)"
   build_example_wheel benchmarks/decoder
@@ -230,6 +238,7 @@ case "${1:-}" in
   leg) default_environment && leg "${2:?usage: ./dev.sh leg RELEASE, e.g. 2.15.0}" ;;
   bench) shift; bench "$@" ;;
   bench-build) shift; bench_build "$@" ;;
+  bench-per-call) shift; bench_per_call "$@" ;;
   bench-decode) shift; bench_decode "$@" ;;
-  *) echo "usage: ./dev.sh demo | test [pytest args] | lint | leg RELEASE | bench [benchmark args] | bench-build [benchmark args] | bench-decode [benchmark args]" >&2; exit 2 ;;
+  *) echo "usage: ./dev.sh demo | test [pytest args] | lint | leg RELEASE | bench [benchmark args] | bench-build [benchmark args] | bench-decode [benchmark args] | bench-per-call [benchmark args]" >&2; exit 2 ;;
 esac
