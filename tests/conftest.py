@@ -32,20 +32,9 @@ EXAMPLE = REPO / "example_project"
 UV = find_uv_bin()
 
 
-# OpenMP threads that wait at a barrier spin before they sleep. The tests run many
-# small torch processes, and CI runs three pytest processes side by side on two
-# cores, so spinning threads burn the cores the others need: three processes of
-# small matrix products took 72 s of CPU spinning (37 s wall) and 14 s passive
-# (8 s wall). Passive waiting changes no result, only who gets the core.
-OPENMP_WAITING = {"OMP_WAIT_POLICY": "PASSIVE"}
-
-
 def pytest_configure(config: pytest.Config) -> None:
     """Builds in this session share a build cache of their own, never the user's;
-    tests that need cold compiles turn it off. uv finds what pip would. Every
-    process the tests start waits passively in OpenMP (`OPENMP_WAITING`)."""
-    for name, value in OPENMP_WAITING.items():
-        os.environ.setdefault(name, value)
+    tests that need cold compiles turn it off. uv finds what pip would."""
     if os.environ.get("PIP_FIND_LINKS") and "UV_FIND_LINKS" not in os.environ:
         os.environ["UV_FIND_LINKS"] = ",".join(os.environ["PIP_FIND_LINKS"].split())
     if "HATCH_PRECOMPILE_BUILD_CACHE" not in os.environ:
@@ -112,7 +101,6 @@ def no_compiler_env(tmp_path: Path, **extra: str) -> dict[str, str]:
         "HOME": str(tmp_path / "home"),
         "HATCH_PRECOMPILE_CACHE_DIR": str(tmp_path / "cache"),
         "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
-        **{name: os.environ[name] for name in OPENMP_WAITING if name in os.environ},
     }
     return {**env, **extra}
 
