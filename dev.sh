@@ -113,7 +113,8 @@ bench() {
   # The eager cases load the shipped weights as users do, with safetensors (the
   # compiled models' loader does not need it); ONNX Runtime, with what
   # torch.onnx.export needs, is measured beside every model but the MLPs.
-  "$DEMO/venv/bin/python" -m pip install --disable-pip-version-check -q safetensors onnxruntime onnxscript onnx
+  # matplotlib draws --figure.
+  "$DEMO/venv/bin/python" -m pip install --disable-pip-version-check -q safetensors onnxruntime onnxscript onnx matplotlib
   if [[ " $* " != *" --models "* || " $* " == *" bert"* ]]; then  # bert is measured by default
     install_transformers_example
   fi
@@ -204,6 +205,8 @@ case "${1:-}" in
       # much of the time (installs, fresh interpreters, one-worker builds): one
       # after the other, each in its own environment (made by uv, which links
       # torch's gigabytes) and pytest folder; their output is in .leg-X.Y.Z.log.
+      # Then, in the same process line, the tests marked after_legs (on the default
+      # torch): the legs finish minutes before the rest, and these need nothing of it.
       (
         status=0
         for release in $OTHER_RELEASES; do
@@ -211,6 +214,9 @@ case "${1:-}" in
             status=1
           fi
         done
+        if ! "$VENV/bin/python" -m pytest -p no:cacheprovider -m after_legs --durations=10 --basetemp "$(mktemp -d)/pytest" >.after-legs.log 2>&1; then
+          status=1
+        fi
         exit $status
       ) &
       legs=$!
@@ -221,7 +227,7 @@ case "${1:-}" in
       "$VENV/bin/python" -m pytest -p no:cacheprovider -m standalone --durations=10 --basetemp "$(mktemp -d)/pytest" >.beside.log 2>&1 &
       beside=$!
       suite=0
-      test_suite -m "not standalone" --durations=25 || suite=$?  # the slowest tests, to keep CI's time in view
+      test_suite -m "not standalone and not after_legs" --durations=25 || suite=$?  # the slowest tests, to keep CI's time in view
       legs_status=0 beside_status=0
       wait "$beside" || beside_status=$?
       wait "$legs" || legs_status=$?
@@ -231,6 +237,8 @@ case "${1:-}" in
         echo "== release leg: torch==$release (from .leg-$release.log)"
         tail -n 25 ".leg-$release.log"
       done
+      echo "== the after_legs-marked tests (from .after-legs.log)"
+      tail -n 20 .after-legs.log
       [ "$suite" -eq 0 ] && [ "$beside_status" -eq 0 ] && [ "$legs_status" -eq 0 ]
     fi
     ;;

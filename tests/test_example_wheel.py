@@ -20,7 +20,7 @@ import torch
 
 from hatch_precompile.engine.assemble import RUNTIME_FILES
 
-from conftest import EXAMPLE, REPO, ExampleBuild, Venv, assert_said_plainly, isolated_build, no_compiler_env, pin_build_torch, run, sharing_compiler_outputs, with_find_links
+from conftest import EXAMPLE, REPO, ExampleBuild, Venv, assert_said_plainly, isolated_build, no_compiler_env, pin_build_torch, run, session_compiler_outputs, sharing_compiler_outputs, with_find_links
 
 pytestmark = pytest.mark.e2e
 
@@ -322,16 +322,23 @@ def test_builds_from_other_folders_and_from_the_sdist_by_pip_give_byte_identical
     and what pip does for a user who installs from the sdist (an isolated build
     with the sdist's own pins), both equal the session's sdist -> wheel build to
     the byte: no build path, temporary folder or compile time is recorded. The
-    direct build compiles afresh (no artifact in its build cache; the session's
-    precompiled header and CPU probes, which test_precompiled_headers.py shows
-    are the same from any environment), in another folder and
-    build environment than the session's; pip's build then takes its artifacts
-    from that cache, which is what its own compile would give."""
+    direct build compiles afresh (no artifact in its build cache), in another
+    folder and another build environment, with torch elsewhere, than the
+    session's, and with the session's precompiled header and CPU probes: it
+    finds the header the session's build made and builds the same kernels with
+    it (the header is named by what decides its bytes, not by torch's folder).
+    pip's build then takes its artifacts from that cache, which is what its own
+    compile would give."""
+    headers = session_compiler_outputs() / "headers"
+    made = sorted(headers.glob("*.gch"))
+    assert made, "the session's build kept no precompiled header in the build cache"
     cold = {**os.environ, "HATCH_PRECOMPILE_BUILD_CACHE": str(sharing_compiler_outputs(tmp_path / "empty-cache"))}
     project = tmp_path / "elsewhere" / "example_project"
     shutil.copytree(EXAMPLE, project, ignore=shutil.ignore_patterns("dist", "__pycache__"))
     pin_build_torch(project / "pyproject.toml")
     isolated_build("--wheel", "--outdir", str(tmp_path / "direct"), str(project), env=with_find_links(wheelhouse, base=cold))
+    assert sorted(headers.glob("*.gch")) == made, "the other build environment built a header of its own"
+    assert not list(headers.glob("tmp*")), "scratch left in the header folder"
     run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "pip"), str(example_build.sdist)],
         env=with_find_links(wheelhouse, base=cold),
