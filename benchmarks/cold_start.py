@@ -62,7 +62,9 @@ cost of its input checks alone. Peak RSS is the process's maximum resident memor
 (weights included: eager holds them in the module, load_compiled memory-maps the
 shipped file). "compiler imported" says whether torch._inductor and torch._dynamo
 were in sys.modules right after the first output; for bert, "transformers
-imported" likewise.
+imported" likewise. With --figure PATH the results are also drawn as one PNG
+(`benchmarks/figure.py`, matplotlib): every case of every model side by side,
+first output with the `import torch` floor marked, and steady state.
 """
 
 from __future__ import annotations
@@ -600,6 +602,7 @@ def main() -> None:
     parser.add_argument("--runs", type=positive, default=5, help="fresh processes per case (default 5)")
     parser.add_argument("--calls", type=positive, default=200, help="calls for the steady-state median (default 200)")
     parser.add_argument("--threads", type=positive, default=os.cpu_count() or 1, help="torch threads in every case (default: the CPUs visible)")
+    parser.add_argument("--figure", type=Path, help="also draw the results as one PNG here (benchmarks/figure.py; needs matplotlib)")
     args = parser.parse_args()
     models = [MODELS[key] for key in dict.fromkeys(args.models)]
 
@@ -621,6 +624,12 @@ def main() -> None:
         shutil.rmtree(scratch, ignore_errors=True)
     for model in models:
         print_table(model, results[model.key], args.threads)
+    if args.figure:
+        import figure
+
+        subtitle = f"torch {version('torch')}, {cpu_model()}, {args.threads} thread(s), batch {BATCH}; medians of {args.runs} fresh processes, min-max whiskers"
+        figure.draw([(model.key, results[model.key]) for model in models], TORCH_FLOOR, args.figure, subtitle)
+        print(f"figure: {args.figure}\n")
     if accuracy:
         print("### Accuracy: each case's first output (last_hidden_state; the embedder's embeddings) against float32 eager's, same input\n")
         print("| model | case | relative error | cosine similarity |\n|---|---|---|---|")
