@@ -210,11 +210,11 @@ case "${1:-}" in
       (
         status=0
         for release in $OTHER_RELEASES; do
-          if ! leg "$release" --durations=10 --basetemp "$(mktemp -d)/pytest" >".leg-$release.log" 2>&1; then
+          if ! leg "$release" --durations=10 --cpu-durations=10 --basetemp "$(mktemp -d)/pytest" >".leg-$release.log" 2>&1; then
             status=1
           fi
         done
-        if ! "$VENV/bin/python" -m pytest -p no:cacheprovider -m after_legs --durations=10 --basetemp "$(mktemp -d)/pytest" >.after-legs.log 2>&1; then
+        if ! "$VENV/bin/python" -m pytest -p no:cacheprovider -m after_legs --durations=10 --cpu-durations=10 --basetemp "$(mktemp -d)/pytest" >.after-legs.log 2>&1; then
           status=1
         fi
         exit $status
@@ -224,21 +224,21 @@ case "${1:-}" in
       # (no session fixture shared with the rest: marked standalone) too, in a second pytest process:
       # with them the rest of the suite was the longest of the three (28 of 28.5
       # minutes, the last 14 of them alone on the machine).
-      "$VENV/bin/python" -m pytest -p no:cacheprovider -m standalone --durations=10 --basetemp "$(mktemp -d)/pytest" >.beside.log 2>&1 &
+      "$VENV/bin/python" -m pytest -p no:cacheprovider -m standalone --durations=10 --cpu-durations=10 --basetemp "$(mktemp -d)/pytest" >.beside.log 2>&1 &
       beside=$!
       suite=0
-      test_suite -m "not standalone and not after_legs" --durations=25 || suite=$?  # the slowest tests, to keep CI's time in view
+      test_suite -m "not standalone and not after_legs" --durations=25 --cpu-durations=25 || suite=$?  # the slowest tests, to keep CI's time in view
       legs_status=0 beside_status=0
       wait "$beside" || beside_status=$?
       wait "$legs" || legs_status=$?
       echo "== the standalone-marked tests (from .beside.log)"
-      tail -n 40 .beside.log
+      tail -n 45 .beside.log
       for release in $OTHER_RELEASES; do
         echo "== release leg: torch==$release (from .leg-$release.log)"
-        tail -n 25 ".leg-$release.log"
+        tail -n 30 ".leg-$release.log"
       done
       echo "== the after_legs-marked tests (from .after-legs.log)"
-      tail -n 20 .after-legs.log
+      tail -n 30 .after-legs.log
       [ "$suite" -eq 0 ] && [ "$beside_status" -eq 0 ] && [ "$legs_status" -eq 0 ]
     fi
     ;;

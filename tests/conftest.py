@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +41,43 @@ def pytest_configure(config: pytest.Config) -> None:
     if "HATCH_PRECOMPILE_BUILD_CACHE" not in os.environ:
         os.environ["HATCH_PRECOMPILE_BUILD_CACHE"] = tempfile.mkdtemp(prefix="hatch-precompile-test-cache-")
         config.add_cleanup(lambda: shutil.rmtree(os.environ.pop("HATCH_PRECOMPILE_BUILD_CACHE"), ignore_errors=True))
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--cpu-durations",
+        type=int,
+        default=0,
+        metavar="N",
+        help="list the N tests that used the most CPU (this process and the ones it waited for): CI runs three pytest processes on two cores, where wall-clock durations say more about the neighbours",
+    )
+
+
+CPU_SPENT = pytest.StashKey[dict[str, float]]()
+
+
+def _cpu_seconds() -> float:
+    import resource
+
+    return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Setup, call and teardown together: a module fixture's cost lands on its first test."""
+    start = _cpu_seconds()
+    yield
+    item.config.stash.setdefault(CPU_SPENT, {})[item.nodeid] = _cpu_seconds() - start
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    count = config.getoption("--cpu-durations")
+    spent = config.stash.get(CPU_SPENT, {})
+    if not count or not spent:
+        return
+    terminalreporter.section(f"most CPU: {count} tests of {sum(spent.values()) / 60:.1f} CPU-minutes in all")
+    for nodeid, seconds in sorted(spent.items(), key=lambda kv: -kv[1])[:count]:
+        terminalreporter.write_line(f"{seconds:8.1f}s {nodeid}")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
