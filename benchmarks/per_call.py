@@ -37,7 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 import cold_start  # its models and its AOTInductor setup
 
-SHAPES = {"encoder": 64, "bert": 32}  # the sequence length of each model's token ids
+MODELS = ("encoder", "bert")  # cold_start.MODELS: the examples, their inputs and their AOTInductor setup
 BATCHES = (8, 1)
 THREADS = 2
 
@@ -132,14 +132,13 @@ PARTS = ("kernels", "matrix products", "aten ops", "size/stride asserts", "views
 
 
 def run_child(side: str, spec: dict, calls: int) -> dict:
-    env = {**os.environ, "BENCH_THREADS": str(THREADS)}
-    done = subprocess.run([sys.executable, "-c", CHILD, side, str(calls), json.dumps(spec)], env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-c", CHILD, side, str(calls), json.dumps(spec)], capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         raise SystemExit(f"{spec['key']} batch {spec['batch']}, {side}: failed\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def median(values: list[float]) -> str:
+def cell(values: list[float]) -> str:
     return f"{statistics.median(values):.1f}"
 
 
@@ -147,15 +146,15 @@ def table(key: str, batch: int, lean: list[dict], aoti: list[dict]) -> str:
     """One model at one batch: the lean form's call split into its parts, beside AOTInductor's."""
     call, aoti_call = [r["call"] for r in lean], [r["call"] for r in aoti]
     rows = [
-        ("per call", median(call), median(aoti_call)),
-        ("loader / package's Python side", median([r["call"] - r["graph"] for r in lean]), median([r["call"] - r["graph"] for r in aoti])),
-        ("graph code", median([r["graph"] for r in lean]), median([r["graph"] for r in aoti])),
+        ("per call", cell(call), cell(aoti_call)),
+        ("loader / package's Python side", cell([r["call"] - r["graph"] for r in lean]), cell([r["call"] - r["graph"] for r in aoti])),
+        ("graph code", cell([r["graph"] for r in lean]), cell([r["graph"] for r in aoti])),
     ]
     counts = lean[0]["counts"]
     for part in PARTS:
         if part in counts:
-            rows.append((f"  {part} ({counts[part]} calls)", median([r["parts"][part] for r in lean]), ""))
-    rows.append(("  rest: the module's own Python", median([r["graph"] - sum(r["parts"].values()) for r in lean]), ""))
+            rows.append((f"  {part} ({counts[part]} calls)", cell([r["parts"][part] for r in lean]), ""))
+    rows.append(("  rest: the module's own Python", cell([r["graph"] - sum(r["parts"].values()) for r in lean]), ""))
     ratio = statistics.median(call) / statistics.median(aoti_call)
     lines = [f"{key}, batch {batch} (lean form {ratio:.2f}x AOTInductor's time per call)", "", "| us per call (median) | lean form | AOTInductor |", "|---|---|---|"]
     lines += [f"| {name} | {ours} | {theirs} |" for name, ours, theirs in rows]
@@ -166,7 +165,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3, help="fresh processes per side (default 3)")
     parser.add_argument("--calls", type=int, default=2000, help="timed calls per process (default 2000)")
-    parser.add_argument("--models", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
     options = parser.parse_args()
     import torch
 
@@ -185,7 +184,7 @@ def main() -> None:
                     "library": model.library,
                     "output_module": model.output_module,
                     "attention_mask": model.attention_mask,
-                    "sequence": SHAPES[key],
+                    "sequence": model.sequence,
                     "batch": batch,
                     "threads": THREADS,
                     "aoti_package": str(Path(scratch) / f"{key}.pt2"),

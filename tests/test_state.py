@@ -24,7 +24,8 @@ LM_DIMS = 'dims = { seq = { min = 1, max = 48, axes = ["input_ids:1", "cache_pos
 # A release leg (another torch) runs only the release-marked tests: it builds our
 # decoder and two transformers decoders of different families; Qwen3 (Llama's
 # layout with q/k norms) and the counter are checked on the default release.
-LMS = ("llama", "gpt2") if on_a_release_leg() else ("llama", "qwen3", "gpt2")
+ON_A_LEG = on_a_release_leg()
+LMS = ("llama", "gpt2") if ON_A_LEG else ("llama", "qwen3", "gpt2")
 COUNTER = """
 [models.counter]
 factory = "statepkg.models:counter"
@@ -39,7 +40,7 @@ example-inputs = "statepkg.models:prompt"
 example-steps = "statepkg.models:steps"
 dims = { batch = { min = 1, max = 4, axes = ["0:0"] }, seq = { min = 1, max = 64, axes = ["0:1", "1:0"] } }
 """
-    + ("" if on_a_release_leg() else COUNTER)
+    + ("" if ON_A_LEG else COUNTER)
     + "".join(
         f"""
 [models.{name}]

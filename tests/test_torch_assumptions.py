@@ -52,8 +52,9 @@ class Compiled:
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory: pytest.TempPathFactory) -> Compiled:
     """A small model exported with a dynamic batch, compiled into a private cache, saved.
-    The vector-ISA probes and the precompiled header are the session's (this
-    process's compiles all use them: `compiler_outputs`), as a build's would be."""
+    The vector-ISA probes (decided once per process: every later compile in this
+    one uses them) and the precompiled header are the session build cache's, as
+    a build's would be."""
     folder = tmp_path_factory.mktemp("compiled")
     cache = folder / "inductor-cache"
     previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
