@@ -5,6 +5,7 @@ installed torch. When one of these fails after a torch upgrade, fix that module.
 from __future__ import annotations
 
 import ast
+import itertools
 import json
 import os
 import re
@@ -639,6 +640,10 @@ def test_after_start_model_a_model_compiles_to_the_bytes_it_would_in_a_fresh_pro
     compiled_bytes(nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 2)), "between.bin")  # advances the counters
     torch_internals.start_model()
     assert compiled_bytes(Small(), "again.bin") == first
+    # start_model passes over a module not imported yet: after a compile each must be there, with its counter.
+    from hatch_precompile.worker.torch_internals.inductor import _GRAPH_COUNTERS
+
+    assert [isinstance(getattr(sys.modules.get(name), attribute, None), itertools.count) for name, attribute in _GRAPH_COUNTERS] == [True] * len(_GRAPH_COUNTERS)
 
 
 PROBE_VECTOR_ISAS = """

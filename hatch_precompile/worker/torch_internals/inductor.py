@@ -46,8 +46,8 @@ from __future__ import annotations
 
 import copy
 import functools
-import importlib
 import itertools
+import sys
 from typing import Any
 
 import torch
@@ -64,9 +64,14 @@ _GRAPH_COUNTERS = (
 
 
 def start_model() -> None:
-    """Forget the graphs this process compiled before: see the module docstring."""
+    """Forget the graphs this process compiled before: see the module docstring.
+    A module not imported yet has compiled nothing (its counter starts when it
+    is), and is left so: a worker imports the compiler for its first compile,
+    not before its first model."""
     for module_name, attribute in _GRAPH_COUNTERS:
-        module = importlib.import_module(module_name)
+        module = sys.modules.get(module_name)
+        if module is None:
+            continue
         if not isinstance(getattr(module, attribute, None), itertools.count):
             raise RuntimeError(f"hatch-precompile relies on {module_name}.{attribute} being an itertools.count; this torch changed it")
         setattr(module, attribute, itertools.count())

@@ -71,22 +71,24 @@ _TORCH_DIR = os.path.dirname(torch.__file__)
 TORCH_PATH_MAP = shlex.quote(f"-ffile-prefix-map={_TORCH_DIR}=torch")
 
 
-_vector_isa_probes: list[Path] = []  # where `vector_isa` has the probes kept: the innermost `compiler_outputs_in`'s folder
+_compiler_outputs: list[Path] = []  # the innermost `compiler_outputs_in`'s folder last
 
 
 @contextlib.contextmanager
 def compiler_outputs_in(folder: Path) -> Iterator[None]:
     """While active, what the C++ compiler builds for every model alike is kept
     in `folder`, which builds share when it is in the build cache: the
-    precompiled headers (`precompiled_headers_in`) and the vector-ISA probes
-    (`probe_vector_isas_in`, run by the first `vector_isa`, so that a worker
-    whose artifacts all come from a cache compiles no probe)."""
-    _vector_isa_probes.append(folder / "vector-isa")
+    vector-ISA probes (`probe_vector_isas_in`, run by the first `vector_isa`)
+    and the precompiled headers (`precompiled_headers_in`, for each compile
+    under `captured_kernels`). Entering it imports nothing of inductor: a worker
+    whose artifacts all come from a cache compiles no probe, and one whose model
+    fails before compiling (an import, a capture) never imports the compiler,
+    which costs about 7 s of CPU here."""
+    _compiler_outputs.append(folder)
     try:
-        with precompiled_headers_in(folder / "headers"):
-            yield
+        yield
     finally:
-        _vector_isa_probes.pop()
+        _compiler_outputs.pop()
 
 
 def probe_vector_isas_in(folder: Path) -> None:
@@ -162,7 +164,8 @@ def _precompiled_header(folder: Path, header: str, hashable_cmd_line: str, **com
 @contextlib.contextmanager
 def captured_kernels() -> Iterator[dict[str, Callable[[], str]]]:
     """While active, record every CPU kernel inductor builds: key -> thunk giving
-    the path of its compiled `.so` (call it once compilation has finished)."""
+    the path of its compiled `.so` (call it once compilation has finished).
+    Within `compiler_outputs_in`, the kernels use its precompiled headers."""
     from torch._inductor.codecache import CppPythonBindingsCodeCache as cls
 
     original = cls.__dict__["load_pybinding_async"].__func__
@@ -176,11 +179,14 @@ def captured_kernels() -> Iterator[dict[str, Callable[[], str]]]:
         built[key] = lambda: get_entry().__self__.__file__  # the entry function's module
         return get_entry
 
-    cls.load_pybinding_async = classmethod(record)  # type: ignore[method-assign,assignment]  # restored below
-    try:
-        yield built
-    finally:
-        cls.load_pybinding_async = classmethod(original)  # type: ignore[method-assign,assignment]
+    with contextlib.ExitStack() as headers:
+        if _compiler_outputs:
+            headers.enter_context(precompiled_headers_in(_compiler_outputs[-1] / "headers"))
+        cls.load_pybinding_async = classmethod(record)  # type: ignore[method-assign,assignment]  # restored below
+        try:
+            yield built
+        finally:
+            cls.load_pybinding_async = classmethod(original)  # type: ignore[method-assign,assignment]
 
 
 # Builds a kernel's binding against the stable ABI of this CPython and later ones
@@ -217,8 +223,8 @@ def vector_isa(simdlen: int) -> tuple[str, str]:
     from torch._inductor import config
     from torch._inductor.cpu_vec_isa import pick_vec_isa
 
-    if _vector_isa_probes:
-        probe_vector_isas_in(_vector_isa_probes[-1])  # once: valid_vec_isa_list is cached after it succeeds
+    if _compiler_outputs:
+        probe_vector_isas_in(_compiler_outputs[-1] / "vector-isa")  # once: valid_vec_isa_list is cached after it succeeds
     with config.patch({"cpp.simdlen": simdlen}):
         isa = pick_vec_isa()
     if not isa:
