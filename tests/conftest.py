@@ -143,18 +143,23 @@ def no_compiler_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     return {**env, **extra}
 
 
-def write_project(root: Path, package: str, models: str, precompile_toml: str) -> Path:
+def write_project(root: Path, package: str, models: str, precompile_toml: str, *, jobs: int = 1) -> Path:
     """A src-layout project distributing `package`, whose `models.py` is `models` and
     whose pyproject.toml ends with the precompile table's body `precompile_toml`.
     Set up as the README recommends: `__init__.py` imports the loader, which no
-    one has written (the build writes it), and `.gitignore` keeps it out of git."""
+    one has written (the build writes it), and `.gitignore` keeps it out of git.
+
+    It builds with `jobs` workers, one unless a test is about parallel builds:
+    each worker spends about 11 s of CPU importing torch and inductor before its
+    first model, which on CI's two cores costs more than it saves."""
     project = root / "project"
     source = project / "src" / package
     source.mkdir(parents=True)
     (source / "__init__.py").write_text("from ._precompiled import load_compiled\n")
     (source / "models.py").write_text(models)
     header = (
-        f'[build-system]\nrequires = ["hatchling", "hatch-precompile"]\nbuild-backend = "hatchling.build"\n\n[project]\nname = "{package}"\nversion = "1.0"\n\n[tool.hatch.build.hooks.precompile]\n'
+        f'[build-system]\nrequires = ["hatchling", "hatch-precompile"]\nbuild-backend = "hatchling.build"\n\n[project]\nname = "{package}"\nversion = "1.0"\n\n'
+        f"[tool.hatch.build.hooks.precompile]\njobs = {jobs}\n"
     )
     (project / "pyproject.toml").write_text(header + textwrap.dedent(precompile_toml))
     (project / ".gitignore").write_text("_precompiled/\n")

@@ -128,8 +128,7 @@ def battery(tmp_path_factory: pytest.TempPathFactory, torch_venv: Venv) -> Batte
     root = tmp_path_factory.mktemp("battery")
     builds = {}
     for package, architectures in PACKAGES.items():
-        jobs = 2 if len(architectures) > 1 else 1
-        project = write_project(root / package, package, MODELS, f"jobs = {jobs}\n" + table(architectures, package))
+        project = write_project(root / package, package, MODELS, table(architectures, package), jobs=2 if len(architectures) > 1 else 1)
         command = [sys.executable, "-m", "build", "--wheel", "--no-isolation", str(project)]
         builds[package] = (project, subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     logs = {package: process.communicate()[0] for package, (_, process) in builds.items()}  # both finish before any is judged

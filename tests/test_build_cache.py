@@ -83,7 +83,7 @@ class ColdBuild:
 def cold(project: Path, tmp_path_factory: pytest.TempPathFactory) -> ColdBuild:
     """A cold build with the cache off, one worker at a time: the reference."""
     home = tmp_path_factory.mktemp("xdg-cache")
-    log, files = build(project, tmp_path_factory.mktemp("reference"), cache="off", jobs="1", extra={"XDG_CACHE_HOME": str(home)})
+    log, files = build(project, tmp_path_factory.mktemp("reference"), cache="off", extra={"XDG_CACHE_HOME": str(home)})
     return ColdBuild(log, files, home)
 
 
@@ -97,7 +97,7 @@ def build(
     out: Path,
     *,
     cache: Path | str,
-    jobs: str = "2",
+    jobs: str = "1",
     parts: list[Path] = (),
     check: bool = True,
     extra: dict[str, str] | None = None,
@@ -164,7 +164,7 @@ def cached(project: Path, tmp_path_factory: pytest.TempPathFactory) -> CachedBui
     """A cold build into an empty build cache, two workers: the cache the tests
     below start from (each works on a copy of it)."""
     cache = sharing_compiler_outputs(tmp_path_factory.mktemp("filled") / "cache")
-    log, files = build(project, tmp_path_factory.mktemp("cached-build"), cache=cache)
+    log, files = build(project, tmp_path_factory.mktemp("cached-build"), cache=cache, jobs="2")
     return CachedBuild(log, files, cache)
 
 

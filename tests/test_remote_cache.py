@@ -60,7 +60,7 @@ inputs = [{{ shape = ["batch", 8] }}]
 dims = {{ batch = {{ min = 1, max = 8 }} }}
 """
 
-PROJECT = "jobs = 1\n" + MODEL.format(name="mlp", factory="mlp")
+PROJECT = MODEL.format(name="mlp", factory="mlp")
 
 
 @pytest.fixture(scope="module")

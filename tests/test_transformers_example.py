@@ -87,7 +87,8 @@ def test_bert_and_gpt2_from_transformers_round_trip(wheelhouse: Path, tmp_path: 
     project = tmp_path / "example_transformers"
     shutil.copytree(REPO / "example_transformers", project, ignore=shutil.ignore_patterns("dist", "__pycache__"))
     pin_build_torch(project / "pyproject.toml")
-    isolated_build("--wheel", str(project), env=with_find_links(wheelhouse))
+    # One worker for the three models (conftest's write_project says why), as the user's `jobs` would.
+    isolated_build("--wheel", str(project), env={**with_find_links(wheelhouse), "HATCH_PRECOMPILE_JOBS": "1"})
     (wheel,) = (project / "dist").glob("*.whl")
     env = make_venv(tmp_path / "venv")
     env.pip(str(wheel))
