@@ -22,7 +22,12 @@ def _seeded(build):
 
 # -- transformers: text encoders ---------------------------------------------------
 
-TEXT = dict(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+# One layer where a second would only repeat the first (the same kernels, twice the
+# graph to capture and compile); two where layers share or hand on something:
+# ALBERT's shared layer, DeBERTa's relative embeddings, T5's position bias, Swin's
+# shifted windows.
+TEXT = dict(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64)
+TWO_LAYERS = {"num_hidden_layers": 2}
 
 
 @_seeded
@@ -36,14 +41,14 @@ def bert():
 def distilbert():
     from transformers import DistilBertConfig, DistilBertModel
 
-    return DistilBertModel(DistilBertConfig(vocab_size=100, dim=32, n_layers=2, n_heads=4, hidden_dim=64, max_position_embeddings=64))
+    return DistilBertModel(DistilBertConfig(vocab_size=100, dim=32, n_layers=1, n_heads=4, hidden_dim=64, max_position_embeddings=64))
 
 
 @_seeded
 def albert():
     from transformers import AlbertConfig, AlbertModel
 
-    return AlbertModel(AlbertConfig(**TEXT, embedding_size=16, max_position_embeddings=64))
+    return AlbertModel(AlbertConfig(**{**TEXT, **TWO_LAYERS}, embedding_size=16, max_position_embeddings=64))
 
 
 @_seeded
@@ -51,7 +56,7 @@ def deberta_v2():
     """Disentangled attention over relative positions."""
     from transformers import DebertaV2Config, DebertaV2Model
 
-    config = DebertaV2Config(**TEXT, max_position_embeddings=64, relative_attention=True, position_buckets=16, max_relative_positions=32, pos_att_type=["p2c", "c2p"])
+    config = DebertaV2Config(**{**TEXT, **TWO_LAYERS}, max_position_embeddings=64, relative_attention=True, position_buckets=16, max_relative_positions=32, pos_att_type=["p2c", "c2p"])
     return DebertaV2Model(config)
 
 
@@ -121,7 +126,7 @@ def sentence_pairs():
 
 # -- transformers: decoders (rotary embeddings, grouped-query attention) ------------
 
-DECODER = dict(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, use_cache=False)
+DECODER = dict(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, use_cache=False)
 
 
 @_seeded
@@ -139,7 +144,7 @@ def gpt2_as_linear():
     from transformers import GPT2Config, GPT2Model
     from transformers.pytorch_utils import Conv1D
 
-    model = GPT2Model(GPT2Config(vocab_size=100, n_embd=32, n_layer=2, n_head=4, n_positions=64, use_cache=False))
+    model = GPT2Model(GPT2Config(vocab_size=100, n_embd=32, n_layer=1, n_head=4, n_positions=64, use_cache=False))
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, Conv1D):
@@ -180,7 +185,7 @@ def switch_transformers():
 def vit():
     from transformers import ViTConfig, ViTModel
 
-    return ViTModel(ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, image_size=32, patch_size=8))
+    return ViTModel(ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64, image_size=32, patch_size=8))
 
 
 @_seeded
@@ -217,7 +222,7 @@ def wav2vec2():
 
     config = Wav2Vec2Config(
         hidden_size=32,
-        num_hidden_layers=2,
+        num_hidden_layers=1,
         num_attention_heads=4,
         intermediate_size=64,
         conv_dim=(16, 16),
@@ -238,7 +243,7 @@ def whisper_encoder():
         vocab_size=100,
         num_mel_bins=16,
         d_model=32,
-        encoder_layers=2,
+        encoder_layers=1,
         encoder_attention_heads=4,
         decoder_layers=1,
         decoder_attention_heads=4,
@@ -262,8 +267,8 @@ def clip():
     """Two inputs of different kinds: token ids and an image."""
     from transformers import CLIPConfig, CLIPModel
 
-    text = dict(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, max_position_embeddings=32)
-    vision = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, image_size=32, patch_size=8)
+    text = dict(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64, max_position_embeddings=32)
+    vision = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64, image_size=32, patch_size=8)
     return CLIPModel(CLIPConfig(text_config=text, vision_config=vision, projection_dim=16))
 
 
