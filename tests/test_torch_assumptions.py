@@ -658,12 +658,12 @@ print(json.dumps(sorted(str(isa) for isa in valid_vec_isa_list())))
 
 def test_the_vector_isa_probes_compile_into_the_folder_given_and_only_once(tmp_path: Path) -> None:
     """`probe_vector_isas_in` decides the process's vector ISAs with inductor's
-    probe programs in the folder given (none elsewhere: the process's own
-    inductor cache stays empty), and a second process given that folder finds
-    the same ISAs without building any program again. The folder is the
-    session's, where the builds before this test (which use the same function)
-    may have built the programs already: then the first process builds none
-    either."""
+    probe programs in the folder given, and a process given a folder that holds
+    them finds the ISAs without building any program again, here or elsewhere
+    (its own inductor cache stays empty). The folder is the session's, where
+    the builds before this test (which use the same function) have built the
+    programs already; run alone, a first process builds them (a fresh process
+    importing inductor costs about 8 s of CPU, so only then)."""
     folder = session_compiler_outputs() / "vector-isa"
 
     def probe() -> list[str]:
@@ -675,12 +675,13 @@ def test_the_vector_isa_probes_compile_into_the_folder_given_and_only_once(tmp_p
     def programs() -> dict[str, tuple[int, int]]:
         return {str(p): (p.stat().st_ino, p.stat().st_mtime_ns) for p in folder.rglob("*.so")}
 
-    first = probe()
+    if not programs():
+        probe()
     built = programs()
-    assert len(built) >= len(first) > 0, (first, built)  # a program per usable ISA at least
+    found = probe()
+    assert len(built) >= len(found) > 0, (found, built)  # a program per usable ISA at least
     assert not list((tmp_path / "inductor-cache").rglob("*.so")), "a probe was built outside the folder given"
-    assert probe() == first
-    assert programs() == built, "the second process built the probe programs again"
+    assert programs() == built, "a process given the folder built the probe programs again"
 
 
 def test_int8_weights_pack_into_an_opaque_layout_that_the_recorded_call_rebuilds() -> None:
