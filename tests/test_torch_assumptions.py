@@ -682,6 +682,10 @@ def test_the_vector_isa_probes_compile_into_the_folder_given_and_only_once(tmp_p
     assert len(built) >= len(found) > 0, (found, built)  # a program per usable ISA at least
     assert not list((tmp_path / "inductor-cache").rglob("*.so")), "a probe was built outside the folder given"
     assert programs() == built, "a process given the folder built the probe programs again"
+    from torch._inductor.cpu_vec_isa import valid_vec_isa_list
+
+    torch_internals.probe_vector_isas_in(folder)  # this process, given the same folder (decided once per process)
+    assert found == sorted(str(isa) for isa in valid_vec_isa_list())
 
 
 def test_int8_weights_pack_into_an_opaque_layout_that_the_recorded_call_rebuilds() -> None:
