@@ -150,8 +150,9 @@ def write_project(root: Path, package: str, models: str, precompile_toml: str, *
     one has written (the build writes it), and `.gitignore` keeps it out of git.
 
     It builds with `jobs` workers, one unless a test is about parallel builds:
-    each worker spends about 11 s of CPU importing torch and inductor before its
-    first model, which on CI's two cores costs more than it saves."""
+    each worker spends about 4 s of CPU importing torch and inductor before its
+    first model (with Python's bytecode cache, which dev.sh keeps on), which on
+    CI's two cores costs more than it saves."""
     project = root / "project"
     source = project / "src" / package
     source.mkdir(parents=True)

@@ -16,14 +16,18 @@ import pytest
 
 from conftest import REPO, isolated_build, make_venv, no_compiler_env, pin_build_torch, with_find_links
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.after_legs]  # a project of its own: nothing of the session's but the plugin's wheel
 
+# BERT at several batch sizes, GPT-2 at several batch sizes and sequence lengths
+# (both dynamic), and the Llama decoder generating transformers' own greedy tokens
+# (static cache) for prompts of several lengths: one fresh process, which imports
+# torch and transformers once.
 COMPARE = """
 import json, torch
 from example_bert import load_compiled
-from example_bert.model import build_bert
+from example_bert.model import build_bert, build_gpt2, build_llama_lm
 bert, eager = load_compiled("bert"), build_bert()
-report = {}
+encoder = {}
 for batch in (1, 5, 16):
     generator = torch.Generator().manual_seed(batch)
     ids = torch.randint(0, 1000, (batch, 32), generator=generator)
@@ -34,43 +38,28 @@ for batch in (1, 5, 16):
     assert type(out) is type(ref), (type(out), type(ref))
     for key in ("last_hidden_state", "pooler_output"):
         torch.testing.assert_close(out[key], ref[key], rtol=1e-4, atol=1e-5)
-    report[batch] = [type(out).__name__, list(out.last_hidden_state.shape), list(out.pooler_output.shape)]
-report["loaded"] = repr(bert)
-print(json.dumps(report))
-"""
+    encoder[batch] = [type(out).__name__, list(out.last_hidden_state.shape), list(out.pooler_output.shape)]
+encoder["loaded"] = repr(bert)
 
-# The GPT-2 decoder at several batch sizes and sequence lengths (both dynamic).
-DECODER = """
-import json, torch
-from example_bert import load_compiled
-from example_bert.model import build_gpt2
 gpt2, eager = load_compiled("gpt2"), build_gpt2()
-report = {"loaded": repr(gpt2)}
+decoder = {"loaded": repr(gpt2)}
 for batch, sequence in ((1, 4), (3, 17), (8, 96)):
     ids = torch.randint(0, 1000, (batch, sequence), generator=torch.Generator().manual_seed(sequence))
     out = gpt2(ids)
     with torch.no_grad():
         ref = eager(ids)
     torch.testing.assert_close(out.logits, ref.logits, rtol=1e-4, atol=1e-5)
-    report[f"{batch}x{sequence}"] = [type(out).__name__, list(out.logits.shape)]
-print(json.dumps(report))
-"""
+    decoder[f"{batch}x{sequence}"] = [type(out).__name__, list(out.logits.shape)]
 
-# The Llama decoder generates transformers' own greedy tokens (static cache), for
-# prompts of several lengths, and the same again after its state is reset.
-GENERATE = """
-import json, sys, torch
-from example_bert import load_compiled
-from example_bert.model import build_llama_lm
 llama, lm = load_compiled("llama"), build_llama_lm()
 lm.generation_config.eos_token_id = None
-report = {"loaded": repr(llama), "equal": []}
+generated = {"loaded": repr(llama), "equal": []}
 for length in (1, 12, 60):
     prompt = torch.randint(0, 1000, (1, length), generator=torch.Generator().manual_seed(length))
     with torch.no_grad():
         expected = lm.generate(prompt, max_new_tokens=20, do_sample=False, pad_token_id=0)[:, length:]
-    report["equal"].append(torch.equal(llama.generate(prompt, 20), expected))
-print(json.dumps(report))
+    generated["equal"].append(torch.equal(llama.generate(prompt, 20), expected))
+print(json.dumps({"encoder": encoder, "decoder": decoder, "generated": generated}))
 """
 
 # outputs="plain": a dict with the same contents, and transformers is never imported.
@@ -92,15 +81,15 @@ def test_bert_and_gpt2_from_transformers_round_trip(wheelhouse: Path, tmp_path: 
     (wheel,) = (project / "dist").glob("*.whl")
     env = make_venv(tmp_path / "venv")
     env.pip(str(wheel))
-    report = json.loads(env.script(COMPARE, env=no_compiler_env(tmp_path)).stdout)
+    found = json.loads(env.script(COMPARE, env=no_compiler_env(tmp_path)).stdout)
+    report = found["encoder"]
     assert report.pop("loaded") == "<compiled model 'bert' from bert/cpu_avx2.py>"
     name = "BaseModelOutputWithPoolingAndCrossAttentions"
     assert report == {str(b): [name, [b, 32, 64], [b, 64]] for b in (1, 5, 16)}
-    decoder = json.loads(env.script(DECODER, env=no_compiler_env(tmp_path)).stdout)
+    decoder = found["decoder"]
     assert decoder.pop("loaded") == "<compiled model 'gpt2' from gpt2/cpu_avx2.py>"
     assert decoder == {f"{b}x{s}": ["CausalLMOutputWithCrossAttentions", [b, s, 1000]] for b, s in ((1, 4), (3, 17), (8, 96))}
-    generated = json.loads(env.script(GENERATE, env=no_compiler_env(tmp_path)).stdout)
-    assert generated == {"loaded": "<compiled model 'llama' from llama/cpu_avx2.py>", "equal": [True, True, True]}
+    assert found["generated"] == {"loaded": "<compiled model 'llama' from llama/cpu_avx2.py>", "equal": [True, True, True]}
     plain = json.loads(env.script(PLAIN, env=no_compiler_env(tmp_path)).stdout)
     assert plain == ["dict", ["last_hidden_state", "pooler_output"], False, False]
     assert not (tmp_path / "compiler-used").exists()
