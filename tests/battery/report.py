@@ -37,8 +37,9 @@ inputs.
 - **build**: its worker's time on the model, from building the module to its
   last compile and check (each worker imports torch once and checks the lean
   forms of all its models together, neither counted here; a worker's first
-  model, bert, distilbert or clip, also carries the compiler's import and the
-  CPU probes, about 15 s, which it makes at its first compile), with another worker
+  model, bert, distilbert or clip, also carries the compiler's import, about 3 s
+  with Python's bytecode cache, and the CPU probes' C++ compiles, which it makes
+  at its first compile), with another worker
   compiling beside it, on 2 cores that the test run shares with other builds
   (the last run: an Intel Xeon with AVX-512 and AMX, nothing beside it): compare rows of one
   table, not tables.
