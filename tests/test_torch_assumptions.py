@@ -663,7 +663,7 @@ def test_the_vector_isa_probes_compile_into_the_folder_given_and_only_once(tmp_p
     (its own inductor cache stays empty). The folder is the session's, where
     the builds before this test (which use the same function) have built the
     programs already; run alone, a first process builds them (a fresh process
-    importing inductor costs about 8 s of CPU, so only then)."""
+    importing inductor costs about 4 s of CPU, so only then)."""
     folder = session_compiler_outputs() / "vector-isa"
 
     def probe() -> list[str]:

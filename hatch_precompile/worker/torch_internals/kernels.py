@@ -83,7 +83,7 @@ def compiler_outputs_in(folder: Path) -> Iterator[None]:
     under `captured_kernels`). Entering it imports nothing of inductor: a worker
     whose artifacts all come from a cache compiles no probe, and one whose model
     fails before compiling (an import, a capture) never imports the compiler,
-    which costs about 7 s of CPU here."""
+    which costs about 3 s of CPU here (7 s where Python's bytecode cache is off)."""
     _compiler_outputs.append(folder)
     try:
         yield
