@@ -196,7 +196,7 @@ def test_a_model_that_misses_its_accuracy_bound_says_by_how_much(tmp_path: Path)
     status, output, scratch = build(make_project(tmp_path, toml))
     assert status != 0
     assert "model 'm' failed while checking accuracy: output 0 against float32 eager on the example inputs: relative error " in output
-    assert "> max-relative-error 1e-06. If this precision is acceptable for the model, loosen `accuracy` in its table" in output
+    assert "> max-relative-error 1e-06. If this precision is acceptable for the model, loosen `accuracy` in [tool.hatch.build.hooks.precompile.models." in output
     assert_left_nothing(scratch)
 
 

@@ -299,11 +299,12 @@ def _parse_cpu_targets(check: _Checker, raw: Any, path: str) -> tuple[str, ...]:
 
 def _parse_accuracy(check: _Checker, raw: Any, path: str) -> AccuracyBounds:
     table = check.table(raw, path) or {}
-    check.keys(table, path, ("max-relative-error", "min-cosine"))
+    check.keys(table, path, ("max-relative-error", "min-cosine", "max-element-error"))
     bounds: dict[str, float] = {}
     for key, low, high, meaning in (
         ("max-relative-error", 0.0, None, "a number > 0: the norm of the difference over the float32 output's norm"),
         ("min-cosine", 0.0, 1.0, "a number in (0, 1]: the cosine similarity with the float32 output"),
+        ("max-element-error", 0.0, None, "a number > 0: the largest difference of one element over the float32 output's largest magnitude"),
     ):
         if key not in table:
             continue

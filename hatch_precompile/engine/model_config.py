@@ -100,12 +100,13 @@ class TensorInput:
 
 @dataclass(frozen=True)
 class AccuracyBounds:
-    """`accuracy = { max-relative-error = 0.04, min-cosine = 0.999 }`: the worst each
-    floating output may be against the float32 model (see worker/accuracy.py); a
-    bound left out takes the dtype's default."""
+    """`accuracy = { max-relative-error = 0.04, min-cosine = 0.999, max-element-error = 1e-4 }`:
+    the worst each floating output may be against the float32 model (see
+    worker/accuracy.py); a bound left out takes the dtype's default."""
 
     max_relative_error: float | None = None
     min_cosine: float | None = None
+    max_element_error: float | None = None
 
 
 def _input_to_plain(spec: TensorInput) -> dict[str, Any]:

@@ -60,11 +60,12 @@ class DimRecord(TypedDict):
 
 class OutputAccuracy(TypedDict, total=False):
     """One output's figures: `equal` for an integer output (it must equal eager's),
-    else relative error and cosine similarity."""
+    else relative error, cosine similarity and element error (worker/accuracy.py)."""
 
     equal: bool
     relative_error: float
     cosine: float
+    element_error: float
 
 
 class AccuracyRecord(TypedDict):
