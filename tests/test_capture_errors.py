@@ -141,6 +141,50 @@ def test_models_with_example_inputs_are_told_to_make_the_dim_static_not_to_add_b
     torch_text(message)
 
 
+class TakesADict(nn.Module):
+    """A library module's call: one dict of features in, the same dict out with more."""
+
+    def forward(self, features: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        mask = features["attention_mask"].unsqueeze(-1).float()
+        return {**features, "pooled": (features["embeddings"][0] * mask).sum(1) / mask.sum(1)}
+
+
+def features() -> tuple[tuple[dict[str, Any]], dict[str, Any]]:
+    return ({"embeddings": [torch.randn(3, 5, 4)], "attention_mask": torch.ones(3, 5, dtype=torch.int64)},), {}
+
+
+def dict_model(axes: dict[str, list[str]]) -> ModelConfig:
+    dims = {dim: {"min": 1, "max": 16, "axes": where} for dim, where in axes.items()}
+    return parse_config({"models": {"m": {"factory": "made_up:factory", "example-inputs": f"{__name__}:features", "dims": dims}}}).models["m"]
+
+
+def test_dims_inside_a_dict_and_a_list_are_dynamic_and_named_in_the_inputs_contract() -> None:
+    config = dict_model({"batch": ["0.embeddings.0:0", "0.attention_mask:0"], "sequence": ["0.embeddings.0:1", "0.attention_mask:1"]})
+    captured = capture(config, TakesADict().eval(), {})
+    shapes = {leaf["name"]: leaf["shape"] for leaf in captured.input_leaves}
+    assert shapes == {"features['attention_mask']": ["batch", "sequence"], "features['embeddings'][0]": ["batch", "sequence", 4]}
+    bigger = {"embeddings": [torch.randn(7, 11, 4)], "attention_mask": torch.ones(7, 11, dtype=torch.int64)}
+    assert captured.exported.module()(bigger)["pooled"].shape == (7, 4)  # one graph for every size
+
+
+@pytest.mark.parametrize(
+    ("where", "expected"),
+    [
+        ("0.attention_mak:0", "'0.attention_mak:0': 0 has no key 'attention_mak'; its keys are ['attention_mask', 'embeddings']; did you mean 'attention_mask'?"),
+        ("0.embeddings.2:0", "'0.embeddings.2:0': 0.embeddings is a list of 1 items, so '2' names none of them"),
+        ("0.attention_mask.x:0", "'0.attention_mask.x:0': 0.attention_mask is a Tensor, which has no 'x' in it"),
+        ("1.attention_mask:0", "'1.attention_mask:0': there is no positional input 1; the example inputs have 1"),
+        ("features.attention_mask:0", "'features.attention_mask:0': there is no keyword input 'features'; the example inputs have none"),
+        ("0.embeddings:0", "'0.embeddings:0' expects a tensor with an axis 0, found a list"),
+    ],
+)
+def test_a_nested_path_that_is_not_in_the_example_inputs_names_what_is(where: str, expected: str) -> None:
+    config = dict_model({"batch": [where]})
+    with pytest.raises(ModelBuildError) as caught:
+        capture(config, TakesADict().eval(), {})
+    assert caught.value.message == f"{PATH}.dims.batch.axes: {expected}"
+
+
 class NoSuchMethod(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x.no_such_method()

@@ -112,10 +112,11 @@ def test_dims_can_be_dynamic_bucketed_or_both() -> None:
 
 
 def test_example_inputs_callable_with_dim_axes() -> None:
-    raw = model(inputs=None, dims={"batch": {"max": 8, "axes": ["0:0", "attention_mask:0"]}})
+    raw = model(inputs=None, dims={"batch": {"max": 8, "axes": ["0:0", "attention_mask:0", "0.input_ids:0", "features.pixels.1:2"]}})
     raw["example-inputs"] = "pkg.model:examples"
     config = parse_config({"models": {"m": raw}})
-    assert config.models["m"].dims["batch"] == Dim(name="batch", min=1, max=8, axes=((0, 0), ("attention_mask", 0)))
+    axes = ((0, 0), ("attention_mask", 0), ("0.input_ids", 0), ("features.pixels.1", 2))
+    assert config.models["m"].dims["batch"] == Dim(name="batch", min=1, max=8, axes=axes)
     assert config.models["m"].example_inputs == "pkg.model:examples"
 
 
@@ -168,6 +169,7 @@ def test_example_inputs_callable_with_dim_axes() -> None:
         ({"models": {"m": {**model(), "example-inputs": "pkg:f"}}}, f"{T}.models.m.inputs: cannot be combined with `example-inputs`"),
         ({"models": {"m": {**model(inputs=None, dims={"b": {"max": 4}}), "example-inputs": "pkg:f"}}}, f"{T}.models.m.dims.b.axes: missing"),
         ({"models": {"m": {**model(inputs=None, dims={"b": {"max": 4, "axes": ["x"]}}), "example-inputs": "pkg:f"}}}, f"{T}.models.m.dims.b.axes[0]: expected 'input:axis'"),
+        ({"models": {"m": {**model(inputs=None, dims={"b": {"max": 4, "axes": ["0..input_ids:1"]}}), "example-inputs": "pkg:f"}}}, "or, into a nested input, '0.input_ids:1' (positional 0, key input_ids, axis 1)"),
     ],
 )
 def test_each_mistake_names_its_key_path_and_what_was_expected(raw: dict[str, Any], expected: str) -> None:

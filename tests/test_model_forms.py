@@ -59,16 +59,39 @@ def mlp():
     return Mlp().eval()
 
 
-class ReturnsItsInput(Mlp):
-    """Returns a view of its input: AOTAutograd's wrapper rebuilds that view at
-    run time, so the build ships only the artifact form."""
+class PassesThrough(Mlp):
+    """Returns its input, a view of it, a buffer and a view of the buffer beside
+    what it computes, as library modules return their features (a dict in, the
+    same dict out with more in it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("table", torch.linspace(0, 1, 12).view(3, 4))
+
+    def forward(self, features):
+        x = features["x"]
+        return {**features, "out": self.layers(x), "x_t": x.t(), "table": self.table, "row": self.table[1]}
+
+
+def passes_through():
+    return PassesThrough().eval()
+
+
+def features():
+    return ({"x": torch.randn(3, 16), "scale": torch.ones(3)},), {}
+
+
+class ViewsAnIntermediate(Mlp):
+    """Returns a result and a view of it: AOTAutograd's wrapper takes the view out
+    of an extra output at run time, so the build ships only the artifact form."""
 
     def forward(self, x):
-        return self.layers(x), x.t()
+        y = self.layers(x)
+        return y, y.view(-1)
 
 
-def returns_its_input():
-    return ReturnsItsInput().eval()
+def views_an_intermediate():
+    return ViewsAnIntermediate().eval()
 
 
 class Conv(nn.Module):
@@ -115,8 +138,13 @@ inputs = [{ shape = ["batch", 16], dtype = "bfloat16" }]
 dims = { batch = { min = 1, max = 8 } }
 dtype = "bfloat16"
 
-[tool.hatch.build.hooks.precompile.models.returns_its_input]
-factory = "formpkg.models:returns_its_input"
+[tool.hatch.build.hooks.precompile.models.passes_through]
+factory = "formpkg.models:passes_through"
+example-inputs = "formpkg.models:features"
+dims = { batch = { max = 8, axes = ["0.x:0", "0.scale:0"] } }
+
+[tool.hatch.build.hooks.precompile.models.views_an_intermediate]
+factory = "formpkg.models:views_an_intermediate"
 inputs = [{ shape = ["batch", 16] }]
 dims = { batch = { min = 1, max = 8 } }
 
@@ -304,28 +332,62 @@ def test_images_in_any_layout_give_eagers_result_in_both_forms(forms: Venv, tmp_
     assert report == {"contiguous": [2, 8], "channels_last": [2, 8], "strided": [2, 8], "expanded": [4, 8], "permuted": [2, 8]}
 
 
-def test_a_graph_returning_a_view_of_its_input_ships_the_artifact_form_and_says_why(forms: Venv, forms_wheel: Path, tmp_path: Path) -> None:
+def test_outputs_that_are_inputs_weights_or_views_of_them_load_lean(forms: Venv, tmp_path: Path) -> None:
     report = call(
         forms,
         tmp_path,
         """
-        model, eager = load_compiled("returns_its_input"), models.returns_its_input()
+        model, eager = load_compiled("passes_through"), models.passes_through()
+        for batch in (1, 5, 8):
+            features = {"x": torch.randn(batch, 16), "scale": torch.rand(batch)}
+            out = model(features)
+            with torch.no_grad():
+                expected = eager(features)
+            assert sorted(out) == sorted(expected)
+            for key, value in expected.items():
+                torch.testing.assert_close(out[key], value, rtol=1e-4, atol=1e-5)
+            report.setdefault("given back", []).append([out["x"] is features["x"], out["scale"] is features["scale"]])
+            report.setdefault("views", []).append(out["x_t"].data_ptr() == features["x"].data_ptr())
+        transposed = {"x": torch.randn(16, 4).t(), "scale": torch.rand(4)}  # copied into the compiled layout first
+        report["given back, laid out anew"] = model(transposed)["x"] is transposed["x"]
+        try:
+            model({"x": torch.randn(9, 16), "scale": torch.rand(9)})
+        except ValueError as error:
+            report["too big"] = str(error)
+        report["explain"] = load_compiled.explain("passes_through")
+    """,
+    )
+    assert report == {
+        "given back": [[True, True]] * 3,
+        "views": [True] * 3,
+        "given back, laid out anew": True,
+        "too big": report["too big"],
+        "explain": "passes_through: would load passes_through/cpu_avx2.py (lean form) for CPU target avx2",
+    }
+    assert report["too big"] == "model 'passes_through', input features['x']: dim 'batch' (dim 0) must be in [1, 8], got 9"
+
+
+def test_a_graph_returning_a_view_of_an_intermediate_ships_the_artifact_form_and_says_why(forms: Venv, forms_wheel: Path, tmp_path: Path) -> None:
+    report = call(
+        forms,
+        tmp_path,
+        """
+        model, eager = load_compiled("views_an_intermediate"), models.views_an_intermediate()
         x = torch.randn(3, 16)
         with torch.no_grad():
             for got, want in zip(model(x), eager(x)):
                 torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
-        report["explain"] = load_compiled.explain("returns_its_input")
+        report["explain"] = load_compiled.explain("views_an_intermediate")
     """,
     )
-    assert report["explain"] == (
-        "returns_its_input: would load returns_its_input/cpu_avx2.bin (artifact form; the build refused the lean form: output 1 is an input or a view of one) for CPU target avx2"
-    )
+    refused = "output 1 is a view of another output"
+    assert report["explain"] == (f"views_an_intermediate: would load views_an_intermediate/cpu_avx2.bin (artifact form; the build refused the lean form: {refused}) for CPU target avx2")
     lean_only = forms.script(
-        "from formpkg import load_compiled\nload_compiled('returns_its_input')",
+        "from formpkg import load_compiled\nload_compiled('views_an_intermediate')",
         env=no_compiler_env(tmp_path, HATCH_PRECOMPILE_FORM="lean"),
         check=False,
     )
-    assert "PrecompiledModelError: model 'returns_its_input': no shipped artifact fits this process" in lean_only.stderr
-    assert ("the lean form: the build refused it for returns_its_input/cpu_avx2.bin: output 1 is an input or a view of one; the artifact form: HATCH_PRECOMPILE_FORM=lean") in lean_only.stderr
+    assert "PrecompiledModelError: model 'views_an_intermediate': no shipped artifact fits this process" in lean_only.stderr
+    assert (f"the lean form: the build refused it for views_an_intermediate/cpu_avx2.bin: {refused}; the artifact form: HATCH_PRECOMPILE_FORM=lean") in lean_only.stderr
     python = f"cp{sys.version_info.major}{sys.version_info.minor}"
     assert f"-{python}-{python}-" in forms_wheel.name  # an artifact runs on this Python alone: no abi3 tag

@@ -415,15 +415,20 @@ def _parse_buckets(check: _Checker, raw: Any, path: str) -> tuple[int, ...]:
 
 
 def _parse_axes(check: _Checker, raw: Any, path: str) -> tuple[tuple[int | str, int], ...]:
-    """`axes = ["0:0", "attention_mask:0"]`: input (index or keyword) and axis of each use."""
+    """`axes = ["0:0", "attention_mask:0", "0.input_ids:1"]`: the input (index or
+    keyword, then the keys and indices that lead into a nested one, joined by dots)
+    and the axis of each use. The worker checks the path against the example inputs."""
     if raw is None:
         check.fail(path, 'missing; with `example-inputs`, say where each dim sits, e.g. axes = ["0:0", "attention_mask:0"]')
         return ()
     axes: list[tuple[int | str, int]] = []
     for i, item in enumerate(_array(check, raw, path)):
-        match = re.fullmatch(r"(\d+|[A-Za-z_]\w*):(\d+)", item) if isinstance(item, str) else None
+        match = re.fullmatch(r"((?:\d+|[A-Za-z_]\w*)(?:\.[^.:\s]+)*):(\d+)", item) if isinstance(item, str) else None
         if match is None:
-            check.fail(f"{path}[{i}]", f"expected 'input:axis' such as '0:0' or 'attention_mask:0', found {_describe(item)}")
+            check.fail(
+                f"{path}[{i}]",
+                f"expected 'input:axis' such as '0:0', 'attention_mask:0' or, into a nested input, '0.input_ids:1' (positional 0, key input_ids, axis 1), found {_describe(item)}",
+            )
             continue
         which, axis = match.groups()
         axes.append((int(which) if which.isdigit() else which, int(axis)))

@@ -63,7 +63,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import _artifact, _lean
-from ._contract import check_inputs, conform_layouts, flatten_call, unflatten
+from ._contract import check_inputs, conform_layouts, flatten_call, given_back, unflatten
 from ._errors import PrecompiledFallbackWarning, PrecompiledIntegrityError, PrecompiledModelError
 from ._generate import greedy
 from ._manifest import MANIFEST_FORMAT, Choice, Plan, fallback_policy, plan, read_manifest, unavailable, why_artifact_form
@@ -257,9 +257,10 @@ class CompiledModel:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         flat_inputs, sizes = self._checked(args, kwargs)
         _, run = self._variants.pick(sizes)
+        conformed = conform_layouts(self._inputs["leaves"], flat_inputs)
         with self._no_grad():
-            outputs = run([*self._weights, *conform_layouts(self._inputs["leaves"], flat_inputs)])
-        return unflatten(self._outputs["tree"], iter(outputs), self._classes)
+            outputs = run([*self._weights, *conformed])
+        return unflatten(self._outputs["tree"], iter(given_back(outputs, conformed, flat_inputs)), self._classes)
 
     def artifact_for(self, *args: Any, **kwargs: Any) -> str:
         """Which shipped file would serve this call (shape buckets dispatch on size)."""

@@ -116,6 +116,14 @@ def conform_layouts(specs: list[InputLeaf], values: list[Any]) -> list[Any]:
     return conformed
 
 
+def given_back(outputs: Any, conformed: list[Any], given: list[Any]) -> Any:
+    """The outputs, where one is an input the module returns as it is (a library
+    module returning its features), as the caller's own tensor rather than the
+    copy `conform_layouts` made of it: what eager returns."""
+    copies = {id(copy): original for copy, original in zip(conformed, given) if copy is not original}
+    return [copies.get(id(output), output) for output in outputs] if copies else outputs
+
+
 def unflatten(spec: TreeSpec, leaves: Any, classes: bool) -> Any:
     """Rebuild the module's output structure. With `classes`, named tuples and
     library output classes (transformers' ModelOutput) are imported by name and

@@ -69,9 +69,7 @@ def bounds_for(model: ModelConfig) -> AccuracyBounds:
     """The model's `accuracy` bounds, each missing one taken from its precision's defaults."""
     default = DEFAULT_BOUNDS[model.quantize or model.dtype or "float32"]
     configured = model.accuracy
-    return AccuracyBounds(
-        **{field: default_value if (value := getattr(configured, field)) is None else value for field, default_value in vars(default).items()}
-    )
+    return AccuracyBounds(**{field: default_value if (value := getattr(configured, field)) is None else value for field, default_value in vars(default).items()})
 
 
 def reference_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
 import functools
 import importlib
 import inspect
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,8 @@ from .state import mutated_buffers
 from .torch_internals import DimFix, constraint_fixes, decompose, tree_leaves, tree_map, treespec_to_json
 
 Call = tuple[tuple[Any, ...], dict[str, Any]]  # one call's (args, kwargs)
+InputPath = tuple[int | str, ...]  # positional index or keyword, then keys and indices into nested inputs
+Axes = dict[InputPath, dict[int, str]]  # the dims by axis of each tensor input that has any
 
 
 @dataclass
@@ -201,31 +205,28 @@ def _export(model: ModelConfig, module: torch.nn.Module, fixed: dict[str, int]) 
     name = model.name
     if model.example_inputs:
         args, kwargs = _example_inputs_from_callable(model.name, model.example_inputs)
-        arg_dims, kwarg_dims = _dims_from_axes(model, args, kwargs)
+        axes = _dims_from_axes(model, args, kwargs)
     else:
-        args, kwargs, arg_dims, kwarg_dims = _example_inputs_from_shapes(model, fixed)
+        args, kwargs, axes = _example_inputs_from_shapes(model, fixed)
 
     export_dims = {d: torch.export.Dim(d, min=spec.min, max=spec.max) for d, spec in model.dims.items() if d not in fixed}
 
-    def dynamic(value: Any, axes: dict[int, str]) -> Any:
-        """export's dynamic_shapes entry for one input: Dims by axis for a tensor,
-        the same structure with None leaves (all static) for a container."""
+    def dynamic(value: Any, path: InputPath) -> Any:
+        """export's dynamic_shapes entry for the input at `path`: Dims by axis for a
+        tensor, the same structure for a container, None where all is static."""
         if isinstance(value, (tuple, list)):
-            return type(value)(dynamic(item, {}) for item in value)
+            return type(value)(dynamic(item, (*path, i)) for i, item in enumerate(value))
         if isinstance(value, dict):
-            return {key: dynamic(item, {}) for key, item in value.items()}
-        return {axis: export_dims[d] for axis, d in axes.items() if d in export_dims} or None
+            return {key: dynamic(item, (*path, key)) for key, item in value.items()}
+        return {axis: export_dims[d] for axis, d in axes.get(path, {}).items() if d in export_dims} or None
 
     signature = inspect.signature(module.forward)
     try:
-        bound = signature.bind(
-            *[dynamic(value, axes) for value, axes in zip(args, arg_dims)],
-            **{key: dynamic(kwargs[key], axes) for key, axes in kwarg_dims.items()},
-        )
+        bound = signature.bind(*[dynamic(value, (i,)) for i, value in enumerate(args)], **{key: dynamic(value, (key,)) for key, value in kwargs.items()})
     except TypeError as error:
         raise ModelBuildError(name, "matching inputs to forward()", f"the declared inputs do not fit forward(): {error}") from None
     dynamic_shapes = dict(bound.arguments) or None
-    sizes = {dim: value.shape[axis] for value, axes in [*zip(args, arg_dims), *((kwargs[k], a) for k, a in kwarg_dims.items())] for axis, dim in axes.items()}
+    sizes = {dim: _at(args, kwargs, path).shape[axis] for path, by_axis in axes.items() for axis, dim in by_axis.items()}
     strict_because = ""
     try:
         with torch.no_grad():
@@ -251,7 +252,7 @@ def _export(model: ModelConfig, module: torch.nn.Module, fixed: dict[str, int]) 
 
     input_tree = treespec_to_json(exported.call_spec.in_spec)
     positional = [p.name for p in signature.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    leaves = _describe_inputs(input_tree, args, kwargs, positional, arg_dims, kwarg_dims)
+    leaves = _describe_inputs(input_tree, args, kwargs, positional, axes)
     placeholders = {node.name: node for node in exported.graph_module.graph.nodes if node.op == "placeholder"}
     user_inputs = [s.arg.name for s in exported.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
     bounds = index_bounds(exported.graph_module.graph, [placeholders[name] for name in user_inputs if name in placeholders])
@@ -280,15 +281,15 @@ def _describe_inputs(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     positional: list[str],
-    arg_dims: list[dict[int, str]],
-    kwarg_dims: dict[str, dict[int, str]],
+    axes: Axes,
 ) -> list[InputLeaf]:
     """Name, dtype, device and shape (dim names for dynamic sizes) of each tensor
     the compiled graph takes, in its order. Inputs are named after forward()'s
-    parameters; only top-level tensors have dynamic dims."""
+    parameters, with the keys and indices that lead into nested ones."""
     leaves: list[InputLeaf] = []
 
-    def walk(spec: TreeSpec, value: Any, name: str, dims: dict[int, str]) -> None:
+    def walk(spec: TreeSpec, value: Any, name: str, path: InputPath) -> None:
+        dims = axes.get(path, {})
         if spec["type"] == "leaf":
             if not isinstance(value, torch.Tensor):
                 leaves.append({"name": name, "value": value})  # compiled in: calls must pass the same
@@ -304,19 +305,19 @@ def _describe_inputs(
                 }
             )
             return
-        keys = spec.get("keys", range(len(spec["children"])))
+        keys: Sequence[int | str] = spec["keys"] if "keys" in spec else range(len(spec["children"]))
         for key, child in zip(keys, spec["children"]):
-            walk(child, value[key], f"{name}[{key!r}]" if spec["type"] == "dict" else f"{name}[{key}]", {})
+            walk(child, value[key], f"{name}[{key!r}]" if spec["type"] == "dict" else f"{name}[{key}]", (*path, key))
 
     args_spec, kwargs_spec = tree["children"]
     for i, (child, value) in enumerate(zip(args_spec["children"], args)):
-        walk(child, value, positional[i] if i < len(positional) else f"args[{i}]", arg_dims[i])
+        walk(child, value, positional[i] if i < len(positional) else f"args[{i}]", (i,))
     for key, child in zip(kwargs_spec.get("keys", []), kwargs_spec["children"]):
-        walk(child, kwargs[key], key, kwarg_dims.get(key, {}))
+        walk(child, kwargs[key], key, (key,))
     return leaves
 
 
-def _example_inputs_from_shapes(model: ModelConfig, fixed: dict[str, int]) -> tuple[tuple[Any, ...], dict[str, Any], list[dict[int, str]], dict[str, dict[int, str]]]:
+def _example_inputs_from_shapes(model: ModelConfig, fixed: dict[str, int]) -> tuple[tuple[Any, ...], dict[str, Any], Axes]:
     specs = [*model.args, *model.kwargs.values()]
     static_sizes = {s for spec in specs for s in spec.shape if isinstance(s, int)}
     static_sizes |= set(fixed.values())
@@ -332,12 +333,8 @@ def _example_inputs_from_shapes(model: ModelConfig, fixed: dict[str, int]) -> tu
 
     made_args = [make(spec) for spec in model.args]
     made_kwargs = {key: make(spec) for key, spec in model.kwargs.items()}
-    return (
-        tuple(t for t, _ in made_args),
-        {k: t for k, (t, _) in made_kwargs.items()},
-        [d for _, d in made_args],
-        {k: d for k, (_, d) in made_kwargs.items()},
-    )
+    axes: Axes = {(i,): d for i, (_, d) in enumerate(made_args)} | {(k,): d for k, (_, d) in made_kwargs.items()}
+    return tuple(t for t, _ in made_args), {k: t for k, (t, _) in made_kwargs.items()}, axes
 
 
 def _example_size(low: int, high: int, avoid: set[int]) -> int:
@@ -393,18 +390,62 @@ def _example_inputs_from_callable(model: str, spec: str) -> Call:
     return args, kwargs
 
 
-def _dims_from_axes(model: ModelConfig, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[dict[int, str]], dict[str, dict[int, str]]]:
-    arg_dims: list[dict[int, str]] = [{} for _ in args]
-    kwarg_dims: dict[str, dict[int, str]] = {k: {} for k in kwargs}
+def _dims_from_axes(model: ModelConfig, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Axes:
+    """Each dim's axes (`"0:0"`, `"attention_mask:1"`, `"0.input_ids:1"`) as the
+    dims by axis of the example input each path leads to."""
+    axes: Axes = {}
     for dim, spec in model.dims.items():
         for which, axis in spec.axes:
-            where = f"tool.hatch.build.hooks.precompile.models.{model.name}.dims.{dim}.axes"
-            value = (args[which] if which < len(args) else None) if isinstance(which, int) else kwargs.get(which)
+            where = f"tool.hatch.build.hooks.precompile.models.{model.name}.dims.{dim}.axes: '{which}:{axis}'"
+            path = _walk_path(model.name, where, args, kwargs, str(which))
+            value = _at(args, kwargs, path)
             if not isinstance(value, torch.Tensor) or axis >= value.dim():
-                found = "nothing" if value is None else f"a {type(value).__name__}" + (f" with {value.dim()} dims" if isinstance(value, torch.Tensor) else "")
-                raise ModelBuildError(model.name, "reading example inputs", f"{where}: '{which}:{axis}' expects a tensor with an axis {axis}, found {found}")
-            (arg_dims[which] if isinstance(which, int) else kwarg_dims[which])[axis] = dim
-    return arg_dims, kwarg_dims
+                found = f"a {type(value).__name__}" + (f" with {value.dim()} dims" if isinstance(value, torch.Tensor) else "")
+                raise ModelBuildError(model.name, "reading example inputs", f"{where} expects a tensor with an axis {axis}, found {found}")
+            axes.setdefault(path, {})[axis] = dim
+    return axes
+
+
+def _walk_path(name: str, where: str, args: tuple[Any, ...], kwargs: dict[str, Any], which: str) -> InputPath:
+    """The path an axes entry names, checked step by step against the example
+    inputs: the first step a positional index or a keyword, then a key of a dict
+    or an index of a list or tuple."""
+    first, *rest = which.split(".")
+    if first.isdigit():
+        if int(first) >= len(args):
+            raise ModelBuildError(name, "reading example inputs", f"{where}: there is no positional input {first}; the example inputs have {len(args)}")
+        path: InputPath = (int(first),)
+    elif first not in kwargs:
+        known = sorted(kwargs)
+        raise ModelBuildError(name, "reading example inputs", f"{where}: there is no keyword input {first!r}; the example inputs have {known or 'none'}{_did_you_mean(first, known)}")
+    else:
+        path = (first,)
+    for step in rest:
+        value, here = _at(args, kwargs, path), ".".join(str(p) for p in path)
+        if isinstance(value, dict):
+            if step not in value:
+                known = sorted(map(str, value))
+                raise ModelBuildError(name, "reading example inputs", f"{where}: {here} has no key {step!r}; its keys are {known}{_did_you_mean(step, known)}")
+            path = (*path, step)
+        elif isinstance(value, (list, tuple)):
+            if not step.isdigit() or int(step) >= len(value):
+                raise ModelBuildError(name, "reading example inputs", f"{where}: {here} is a {type(value).__name__} of {len(value)} items, so {step!r} names none of them")
+            path = (*path, int(step))
+        else:
+            raise ModelBuildError(name, "reading example inputs", f"{where}: {here} is a {type(value).__name__}, which has no {step!r} in it")
+    return path
+
+
+def _at(args: tuple[Any, ...], kwargs: dict[str, Any], path: InputPath) -> Any:
+    value = args[path[0]] if isinstance(path[0], int) else kwargs[path[0]]
+    for step in path[1:]:
+        value = value[step]
+    return value
+
+
+def _did_you_mean(word: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(word, known, n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def _capture_failure(model: ModelConfig, module: torch.nn.Module, fixed: dict[str, int], failed: _ExportFailed) -> str:

@@ -1,4 +1,5 @@
 """Models and inputs shared by produce.py and load.py (deterministic)."""
+
 import torch
 
 
@@ -21,8 +22,12 @@ class Bert(torch.nn.Module):
         from transformers import BertConfig, BertModel
 
         config = BertConfig(
-            vocab_size=30522, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
-            intermediate_size=1024, max_position_embeddings=512,
+            vocab_size=30522,
+            hidden_size=256,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            intermediate_size=1024,
+            max_position_embeddings=512,
         )
         self.bert = BertModel(config, add_pooling_layer=False).eval()
 

@@ -6,6 +6,7 @@ make_dynamic(name) -> (model,  [name: mlp, bert, or conv (produce_conv.ConvNet)]
 quantize_dynamic(model, example, calib): torch.export with Dim("batch", min=1, max=16) on dim 0 of
 every input, then prepare_pt2e / calibrate / convert_pt2e with X86InductorQuantizer's default config.
 """
+
 import os
 import sys
 
@@ -22,7 +23,7 @@ def make_dynamic(name):
         model, _, calib, _ = make(name)
     if name == "mlp":
         example = (torch.randn(8, 1024, generator=torch.Generator().manual_seed(7)),)
-        calib = [(c[0][i:i + 16],) for c in calib for i in range(0, 64, 16)]  # the same rows, 16 at a time
+        calib = [(c[0][i : i + 16],) for c in calib for i in range(0, 64, 16)]  # the same rows, 16 at a time
         full = (torch.randn(16, 1024, generator=torch.Generator().manual_seed(123)),)
     elif name == "bert":
         example = tuple(x[:8] for x in calib[0])

@@ -13,6 +13,7 @@ source has symbolic sizes (s0, s77, ...), the number of graphs, and the outputs 
 
 usage: dynamic_probe.py {mlp,bert} [A B C D]
 """
+
 import json
 import os
 import re
@@ -49,11 +50,7 @@ def run(method, converted, example, tests):
                 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
                 mode = FakeTensorMode(shape_env=ShapeEnv())
-                fakes = [
-                    mode.from_tensor(x, symbolic_context=StatelessSymbolicContext(
-                        dynamic_sizes=[DimDynamic.DYNAMIC] + [DimDynamic.STATIC] * (x.dim() - 1)))
-                    for x in example
-                ]
+                fakes = [mode.from_tensor(x, symbolic_context=StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] + [DimDynamic.STATIC] * (x.dim() - 1))) for x in example]
                 fn = compile_fx(converted, fakes, inner_compile=inner)
                 call = lambda *a: fn(*a)  # noqa: E731
             elif method == "E":
@@ -85,8 +82,7 @@ def run(method, converted, example, tests):
                 outs[b] = o
                 res[f"graphs_after_batch_{b}"] = len(graphs)
         res["graphs"] = len(graphs)
-        res["prepack_calls"] = [(c[1], [a if not isinstance(a, torch.Tensor) else f"Tensor{tuple(a.shape)}" for a in c[3][1:]])
-                                for c in rec.calls]
+        res["prepack_calls"] = [(c[1], [a if not isinstance(a, torch.Tensor) else f"Tensor{tuple(a.shape)}" for a in c[3][1:]]) for c in rec.calls]
         res["prepack_x_shapes"] = sorted({repr(c[3][-1] if "qlinear" in c[0] else c[3][1:]) for c in rec.calls})
         srcs = [g.source_code for g in graphs]
         res["symbols_in_source"] = [sorted(set(re.findall(r"\bs\d+\b", s)))[:10] for s in srcs]

@@ -5,6 +5,7 @@ from the saved storage bytes, run `call`.
 
 usage: load.py OUTDIR [--from-pt] [--no-time]
 """
+
 import ast
 import hashlib
 import importlib.util
@@ -151,7 +152,9 @@ def main():
         "extern_kernels": SimpleNamespace(**{n: getattr(torch, n) for n in extern}),
         # imported by the module, unused unless optional inductor features are on
         "assert_tensor_metadata": assert_tensor_metadata,
-        "run_intermediate_hooks": None, "maybe_profile": None, "align": None,
+        "run_intermediate_hooks": None,
+        "maybe_profile": None,
+        "align": None,
     }
     exec(code, ns)
     report["extern_kernels"] = extern
@@ -171,9 +174,7 @@ def main():
         if t.layout != torch.strided:
             continue  # not in constants.pt: torch.save cannot save opaque tensors
         r = ref[n]
-        same = (t.dtype == r.dtype and t.size() == r.size() and t.stride() == r.stride()
-                and t.storage_offset() == r.storage_offset()
-                and torch.equal(_bytes(t), _bytes(r)))
+        same = t.dtype == r.dtype and t.size() == r.size() and t.stride() == r.stride() and t.storage_offset() == r.storage_offset() and torch.equal(_bytes(t), _bytes(r))
         if not same:
             mism.append(n)
     report["constants"] = len(consts)

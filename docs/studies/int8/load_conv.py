@@ -4,6 +4,7 @@ import), with a rebuild_constants that resolves tensor arguments of a prepack re
 
 usage: load_conv.py OUTDIR [--no-time]
 """
+
 import json
 import os
 import sys

@@ -6,6 +6,7 @@ exported range [1, 16]) to see whether anything checks the range, and times batc
 
 usage: load_dynamic.py OUTDIR [--no-time]
 """
+
 import json
 import os
 import re
@@ -41,7 +42,9 @@ def main():
         "AsyncCompile": load.ShippedKernels,
         "extern_kernels": SimpleNamespace(**{n: getattr(torch, n) for n in extern}),
         "assert_tensor_metadata": load.assert_tensor_metadata,
-        "run_intermediate_hooks": None, "maybe_profile": None, "align": None,
+        "run_intermediate_hooks": None,
+        "maybe_profile": None,
+        "align": None,
     }
     exec(code, ns)
     report["kernels_loaded"] = len(load.ShippedKernels.loaded)
@@ -52,9 +55,10 @@ def main():
     report["prepack_args"] = sorted({json.dumps(m["args"]) for m in meta.values() if m.get("mkldnn")})
     ref = torch.load(outdir / "constants.pt", weights_only=True)
     report["constants_mismatch_vs_torch_save"] = [
-        n for n, t in consts.items() if t.layout == torch.strided and not (
-            t.dtype == ref[n].dtype and t.size() == ref[n].size() and t.stride() == ref[n].stride()
-            and torch.equal(load._bytes(t), load._bytes(ref[n])))]
+        n
+        for n, t in consts.items()
+        if t.layout == torch.strided and not (t.dtype == ref[n].dtype and t.size() == ref[n].size() and t.stride() == ref[n].stride() and torch.equal(load._bytes(t), load._bytes(ref[n])))
+    ]
     declared = re.findall(r"^(\w+) = None(?:  #.*)?$", src, re.M)
     report["declared_not_bound"] = [n for n in declared if n not in consts]
     ns.update(consts)
@@ -77,8 +81,7 @@ def main():
         big = tuple(torch.cat([x, x[:1]]) for x in data["tests"][16])
         try:
             out17 = call(list(big))[0]
-            report["batch17_outside_range"] = {"ran": True, "shape": list(out17.shape),
-                                               "first16_equal_batch16": bool(torch.equal(out17[:16], data["built"][16]))}
+            report["batch17_outside_range"] = {"ran": True, "shape": list(out17.shape), "first16_equal_batch16": bool(torch.equal(out17[:16], data["built"][16]))}
         except Exception as e:
             report["batch17_outside_range"] = f"{type(e).__name__}: {str(e)[:300]}"
         if "--no-time" not in sys.argv:

@@ -1,8 +1,12 @@
 """Negative control: with load.py's fake compilers, inductor cannot build a kernel."""
-import sys; sys.argv = ["x"]
+
+import sys
+
+sys.argv = ["x"]
 sys.path.insert(0, "/tmp/int8study")
 import load  # installs the fake compilers (module level), imports torch
 import torch
+
 try:
     f = torch.compile(lambda x: (x.sin() + 1).relu())
     f(torch.randn(100))

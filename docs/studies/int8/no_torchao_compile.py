@@ -1,13 +1,14 @@
 """Does freeze-compiling a PT2E int8 graph need torchao's pass registration in the compiling process?
 
-  no_torchao_compile.py save OUT.pt2   quantize the MLP (imports torchao), save torch.export of the converted module,
-                                       plus the frozen-compiled output and the int8 eager output
-  no_torchao_compile.py compile OUT.pt2 [--import-torchao]
-                                       fresh process: import torch.ao.quantization.fx._decomposed (the
-                                       quantized_decomposed ops; without it torch.export.load fails), torch.export.load, .module(), compile_fx with freezing; reports whether
-                                       torchao is imported, which onednn/quantized ops the output module calls, whether
-                                       qlinear_prepack ran, timing, and the output against the saved ones
+no_torchao_compile.py save OUT.pt2   quantize the MLP (imports torchao), save torch.export of the converted module,
+                                     plus the frozen-compiled output and the int8 eager output
+no_torchao_compile.py compile OUT.pt2 [--import-torchao]
+                                     fresh process: import torch.ao.quantization.fx._decomposed (the
+                                     quantized_decomposed ops; without it torch.export.load fails), torch.export.load, .module(), compile_fx with freezing; reports whether
+                                     torchao is imported, which onednn/quantized ops the output module calls, whether
+                                     qlinear_prepack ran, timing, and the output against the saved ones
 """
+
 import json
 import os
 import re
@@ -32,8 +33,15 @@ def main():
         torch.export.save(ep, path)
         fn, _, _ = produce.compile_frozen(converted, example)
         with torch.no_grad():
-            torch.save({"test": test, "example": example, "int8_eager": converted(*test)[0] if isinstance(converted(*test), (tuple, list)) else converted(*test),
-                        "int8_frozen": fn(*test)[0] if isinstance(fn(*test), (tuple, list)) else fn(*test)}, path + ".data")
+            torch.save(
+                {
+                    "test": test,
+                    "example": example,
+                    "int8_eager": converted(*test)[0] if isinstance(converted(*test), (tuple, list)) else converted(*test),
+                    "int8_frozen": fn(*test)[0] if isinstance(fn(*test), (tuple, list)) else fn(*test),
+                },
+                path + ".data",
+            )
         print("saved")
         return
     if "--import-torchao" in sys.argv:

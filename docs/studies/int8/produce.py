@@ -4,6 +4,7 @@ frozen constants (exact storage bytes + dtype/size/stride/offset), test data.
 
 usage: produce.py {mlp,bert} OUTDIR [--fp32-frozen]
 """
+
 import hashlib
 import json
 import os
@@ -103,8 +104,7 @@ def compile_frozen(gm, example, inputs=None):
 
 
 PREPACKS = []
-PREPACK_OPS = ("onednn.qlinear_prepack", "mkldnn._reorder_linear_weight", "mkl._mkl_reorder_linear_weight",
-               "mkldnn._reorder_convolution_weight", "onednn.qconv_prepack")
+PREPACK_OPS = ("onednn.qlinear_prepack", "mkldnn._reorder_linear_weight", "mkl._mkl_reorder_linear_weight", "mkldnn._reorder_convolution_weight", "onednn.qconv_prepack")
 
 
 class PrepackRecorder(torch.overrides.TorchFunctionMode):
@@ -154,8 +154,13 @@ def mkldnn_recipe(name, t, tensors):
     except Exception as e:
         dense_eq = f"{type(e).__name__}: {e}"
     return {
-        "mkldnn": True, "op": overload, "weight": f"{name}.weight", "args": rest, "kwargs": kwargs,
-        "dtype": str(t.dtype).removeprefix("torch."), "size": list(t.size()),
+        "mkldnn": True,
+        "op": overload,
+        "weight": f"{name}.weight",
+        "args": rest,
+        "kwargs": kwargs,
+        "dtype": str(t.dtype).removeprefix("torch."),
+        "size": list(t.size()),
         "to_dense_equals_input": dense_eq,
         "mkldnn_nbytes": torch.ops.mkldnn._nbytes(t),
     }
@@ -178,8 +183,12 @@ def save_constants(names, glb, path):
         if sid not in tensors:
             tensors[sid] = torch.empty(0, dtype=torch.uint8).set_(st).clone()  # the storage's bytes
         meta[name] = {
-            "storage": sid, "dtype": str(t.dtype).removeprefix("torch."), "size": list(t.size()),
-            "stride": list(t.stride()), "offset": t.storage_offset(), "storage_nbytes": st.nbytes(),
+            "storage": sid,
+            "dtype": str(t.dtype).removeprefix("torch."),
+            "size": list(t.size()),
+            "stride": list(t.stride()),
+            "offset": t.storage_offset(),
+            "storage_nbytes": st.nbytes(),
         }
     save_file(tensors, str(path), metadata={"constants": json.dumps(meta)})
     return meta
@@ -240,6 +249,7 @@ def main():
     (outdir / "output_module.py").write_text(source)
     glb = module_globals(graph)
     import re
+
     declared = [m.group(1) for m in re.finditer(r"^(\w+) = None(?:  #.*)?$", source, re.M)]
     const_names = [n for n in declared if isinstance(glb.get(n), torch.Tensor)]
     results["constants"] = len(const_names)

@@ -9,6 +9,7 @@
 
 usage: produce_conv.py OUTDIR
 """
+
 import json
 import os
 import sys
@@ -25,9 +26,14 @@ class ConvNet(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.net = torch.nn.Sequential(
-            torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-            torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU(),
-            torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(32, 10),
+            torch.nn.Conv2d(3, 16, 3, padding=1),
+            torch.nn.ReLU(),
+            torch.nn.MaxPool2d(2),
+            torch.nn.Conv2d(16, 32, 3, padding=1),
+            torch.nn.ReLU(),
+            torch.nn.AdaptiveAvgPool2d(1),
+            torch.nn.Flatten(),
+            torch.nn.Linear(32, 10),
         )
 
     def forward(self, x):
@@ -81,13 +87,22 @@ def mkldnn_recipe(name, t, tensors):
     except Exception as e:
         dense_shape = f"{type(e).__name__}: {str(e)[:200]}"
     info = {
-        "mkldnn": True, "op": overload, "weight": f"{name}.weight", "args": rest, "kwargs": {},
-        "dtype": str(t.dtype).removeprefix("torch."), "size": list(t.size()), "layout": str(t.layout),
-        "weight_shape": list(args[0].shape), "weight_dtype": str(args[0].dtype),
+        "mkldnn": True,
+        "op": overload,
+        "weight": f"{name}.weight",
+        "args": rest,
+        "kwargs": {},
+        "dtype": str(t.dtype).removeprefix("torch."),
+        "size": list(t.size()),
+        "layout": str(t.layout),
+        "weight_shape": list(args[0].shape),
+        "weight_dtype": str(args[0].dtype),
         "arg_types": [describe(a) for a in args[1:]],
         "to_dense_equals_input": "n/a",
-        "reprepack_to_dense_equal": same_dense, "to_dense_shape": dense_shape,
-        "mkldnn_nbytes": torch.ops.mkldnn._nbytes(t), "reprepack_nbytes": torch.ops.mkldnn._nbytes(again),
+        "reprepack_to_dense_equal": same_dense,
+        "to_dense_shape": dense_shape,
+        "mkldnn_nbytes": torch.ops.mkldnn._nbytes(t),
+        "reprepack_nbytes": torch.ops.mkldnn._nbytes(again),
     }
     RECIPES[name] = info
     return info
@@ -102,10 +117,16 @@ def main():
     sys.argv = [sys.argv[0], "conv", sys.argv[1]]
     produce.main()
     outdir = Path(sys.argv[2])
-    (outdir / "conv_prepack.json").write_text(json.dumps({
-        "prepack_calls": [(c[1], [describe(a) for a in c[3][1:]]) for c in produce.PREPACKS],
-        "recipes": RECIPES,
-    }, indent=1, default=str))
+    (outdir / "conv_prepack.json").write_text(
+        json.dumps(
+            {
+                "prepack_calls": [(c[1], [describe(a) for a in c[3][1:]]) for c in produce.PREPACKS],
+                "recipes": RECIPES,
+            },
+            indent=1,
+            default=str,
+        )
+    )
     print(json.dumps(RECIPES, indent=1, default=str))
 
 

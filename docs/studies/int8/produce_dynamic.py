@@ -10,6 +10,7 @@ Also compiles the same converted module statically at batch 8 (real example inpu
 
 usage: produce_dynamic.py {mlp,bert,conv} OUTDIR [--method E|A]
 """
+
 import json
 import os
 import re
@@ -34,8 +35,7 @@ def symbolic_inputs(gm, example, method):
     from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
     mode = FakeTensorMode(shape_env=ShapeEnv())
-    return [mode.from_tensor(x, symbolic_context=StatelessSymbolicContext(
-        dynamic_sizes=[DimDynamic.DYNAMIC] + [DimDynamic.STATIC] * (x.dim() - 1))) for x in example]
+    return [mode.from_tensor(x, symbolic_context=StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] + [DimDynamic.STATIC] * (x.dim() - 1))) for x in example]
 
 
 def first(o):
@@ -114,8 +114,7 @@ def main():
     res["mkldnn_args"] = sorted({json.dumps(m["args"]) for m in meta.values() if m.get("mkldnn")})
     res["reprepack_to_dense_equal"] = sorted({str(m.get("reprepack_to_dense_equal")) for m in meta.values() if m.get("mkldnn")})
     res["to_dense_equals_input"] = sorted({str(m["to_dense_equals_input"]) for m in meta.values() if m.get("mkldnn")})
-    torch.save({"tests": tests, "example": example, "fp32": fp32, "int8_eager": int8_eager, "built": built},
-               outdir / "data.pt")
+    torch.save({"tests": tests, "example": example, "fp32": fp32, "int8_eager": int8_eager, "built": built}, outdir / "data.pt")
 
     # static batch-8 compile of the same converted module (real inputs: x_shape baked in), for timing
     t0 = time.perf_counter()
@@ -127,11 +126,13 @@ def main():
         o8, d8 = first(fn8(*example)), first(fn(*example))
     res["batch8_static_vs_dynamic"] = compare(o8, d8)
     res["batch8_static_equal_dynamic"] = bool(torch.equal(o8, d8))
-    res["ms_batch8_median_min"] = interleaved({
-        "fp32_eager": lambda: model(*example),
-        "int8_static8_compiled": lambda: fn8(*example),
-        "int8_dynamic_compiled": lambda: fn(*example),
-    })
+    res["ms_batch8_median_min"] = interleaved(
+        {
+            "fp32_eager": lambda: model(*example),
+            "int8_static8_compiled": lambda: fn8(*example),
+            "int8_dynamic_compiled": lambda: fn(*example),
+        }
+    )
     (outdir / "produce.json").write_text(json.dumps(res, indent=1))
     print(json.dumps(res, indent=1))
 

@@ -171,6 +171,11 @@ def wrapper_work(exported: torch.export.ExportedProgram) -> str:
     tensors = [v for v in [*placeholders, *outputs] if isinstance(v, torch.Tensor)]
     if any(is_traceable_wrapper_subclass(v) for v in tensors):
         return "its inputs or outputs are tensor subclasses"
+    # An output that is an input (a weight, a buffer or the caller's own tensor), or
+    # a view of one, needs no wrapper: the output module returns that input, or a
+    # view of it made at run time with the call's sizes (`reinterpret_tensor`), as
+    # AOTAutograd's epilogue would rebuild it. A view of an intermediate it would
+    # return beside an extra output, which the lean form does not strip.
     input_storages = {StorageWeakRef(v.untyped_storage()) for v in placeholders if isinstance(v, torch.Tensor)}
     seen = set()
     for index, value in enumerate(outputs):
@@ -178,7 +183,7 @@ def wrapper_work(exported: torch.export.ExportedProgram) -> str:
             return f"output {index} is not a tensor"
         storage = StorageWeakRef(value.untyped_storage())
         if storage in input_storages:
-            return f"output {index} is an input or a view of one"
+            continue
         if storage in seen:
             return f"output {index} is a view of another output"
         seen.add(storage)
