@@ -169,7 +169,7 @@ def test_example_inputs_callable_with_dim_axes() -> None:
         ({"models": {"m": {**model(), "example-inputs": "pkg:f"}}}, f"{T}.models.m.inputs: cannot be combined with `example-inputs`"),
         ({"models": {"m": {**model(inputs=None, dims={"b": {"max": 4}}), "example-inputs": "pkg:f"}}}, f"{T}.models.m.dims.b.axes: missing"),
         ({"models": {"m": {**model(inputs=None, dims={"b": {"max": 4, "axes": ["x"]}}), "example-inputs": "pkg:f"}}}, f"{T}.models.m.dims.b.axes[0]: expected 'input:axis'"),
-        ({"models": {"m": {**model(inputs=None, dims={"b": {"max": 4, "axes": ["0..input_ids:1"]}}), "example-inputs": "pkg:f"}}}, "or, into a nested input, '0.input_ids:1' (positional 0, key input_ids, axis 1)"),
+        ({"models": {"m": {**model(inputs=None, dims={"b": {"max": 4, "axes": ["0..input_ids:1"]}}), "example-inputs": "pkg:f"}}}, "'0.input_ids:1' (positional 0, key input_ids, axis 1)"),
     ],
 )
 def test_each_mistake_names_its_key_path_and_what_was_expected(raw: dict[str, Any], expected: str) -> None:
