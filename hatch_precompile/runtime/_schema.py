@@ -68,11 +68,17 @@ class OutputAccuracy(TypedDict, total=False):
     element_error: float
 
 
+class BatchAccuracy(TypedDict):
+    batch: str  # which calibration batch, in the build's words
+    outputs: list[OutputAccuracy]
+
+
 class AccuracyRecord(TypedDict):
     """How an artifact's outputs compared on the example inputs (worker/accuracy.py)."""
 
     against: str  # "eager", or "float32 eager" for a lower-precision model
     outputs: list[OutputAccuracy]
+    batches: NotRequired[list[BatchAccuracy]]  # int8 with `calibration`: the batches it was also checked on
 
 
 class WeightSpec(TypedDict):

@@ -30,7 +30,9 @@ default (`DEFAULT_BOUNDS`):
   0.8-0.9%, cosine 0.99995 in bfloat16); a wrong kernel or wrong weights do not.
 - int8 (`quantize`) is compared with the float32 module by the same figures, with
   looser defaults: int8 rounding moves outputs more than bfloat16's
-  (docs/studies/int8).
+  (docs/studies/int8), and most on trained weights. With `calibration`, on the
+  batches held out of it (like the real inputs), the example inputs held only to
+  SANITY_BOUNDS.
 
 Integer and boolean outputs must equal eager's; non-finite elements must be
 where the reference has them. Every artifact's figures go into the manifest and
@@ -53,14 +55,25 @@ if TYPE_CHECKING:
 
 
 # float32: about 25x the worst correct build measured, and below every fault (see
-# the docstring). The others: about 4x the figures measured on real architectures;
-# a cosine of 0.999 is a relative error of about 4.5%.
+# the docstring). bfloat16 and float16: about 4x the figures measured on real
+# architectures; a cosine of 0.999 is a relative error of about 4.5%. int8: 1.6x
+# what all-MiniLM-L6-v2's trained weights show on held-out real sentences (relative
+# error 0.12, cosine 0.9925); a cosine of 0.98 is a relative error of about 0.2.
 DEFAULT_BOUNDS = {
     "float32": AccuracyBounds(max_relative_error=1e-4, min_cosine=None, max_element_error=1e-4),
     "bfloat16": AccuracyBounds(max_relative_error=0.04, min_cosine=0.999),
     "float16": AccuracyBounds(max_relative_error=0.01, min_cosine=0.9999),
-    "int8": AccuracyBounds(max_relative_error=0.1, min_cosine=0.99),
+    "int8": AccuracyBounds(max_relative_error=0.2, min_cosine=0.98),
 }
+# An int8 model with `calibration` is held to its bounds on calibration batches
+# (quantize.py holds some out), which are like its real inputs. Its example inputs
+# are random values where declared by shape, out of the distribution its scales
+# were set on (all-MiniLM-L6-v2's trained weights on random token ids: cosine 0.97,
+# against 0.993 or more on real sentences), so there they are held only to bounds
+# that a wrong kernel or wrong scales miss (cosine near 0).
+SANITY_BOUNDS = AccuracyBounds(max_relative_error=0.5, min_cosine=0.9)
+EXAMPLE_INPUTS_BESIDE_CALIBRATION = "on the example inputs (held to the sanity bounds of inputs unlike the calibration batches)"
+
 # Each bound's field, its TOML key and the figure it bounds.
 BOUNDS = (("max_relative_error", "max-relative-error", "relative_error"), ("min_cosine", "min-cosine", "cosine"), ("max_element_error", "max-element-error", "element_error"))
 
@@ -99,17 +112,24 @@ def figures(compiled: torch.Tensor, reference: torch.Tensor) -> dict[str, float]
     return {"relative_error": relative, "cosine": cosine, "element_error": element}
 
 
-def check_accuracy(model: ModelConfig, compiled: list[Any], eager: list[Any], reference: list[Any] | None, where: str = "on the example inputs") -> AccuracyRecord:
+def check_accuracy(
+    model: ModelConfig,
+    compiled: list[Any],
+    eager: list[Any],
+    reference: list[Any] | None,
+    where: str = "on the example inputs",
+    bounds: AccuracyBounds | None = None,
+) -> AccuracyRecord:
     """Check a compiled artifact's outputs (see the module docstring); returns the
     manifest's record of them, or raises ModelBuildError saying which output
     missed which bound, by how much, and the key that sets it. `reference` is the
     float32 module's outputs for a model of lower precision, else None (eager is
-    the reference)."""
+    the reference). `bounds` replaces the model's (SANITY_BOUNDS)."""
     name, step = model.name, "checking against eager"
     if len(compiled) != len(eager):
         raise ModelBuildError(name, step, f"{len(compiled)} compiled outputs, {len(eager)} eager ones {where}")
     against = "float32 eager" if reference is not None else "eager"
-    bounds = bounds_for(model)
+    bounds = bounds or bounds_for(model)
     records: list[OutputAccuracy] = []
     for index, (c, e, r) in enumerate(zip(compiled, eager, reference or eager)):
         if not c.is_floating_point():
@@ -135,7 +155,9 @@ def _check_bounds(model: ModelConfig, index: int, measured: dict[str, float], bo
     if not missed:
         return
     table = f"[tool.hatch.build.hooks.precompile.models.{model.name}]"
-    if model.quantize or model.dtype in ("bfloat16", "float16"):
+    if bounds == SANITY_BOUNDS:
+        advice = "Only a wrong int8 kernel or wrong scales are that far from float32, even on inputs unlike the calibration batches: build it in float32 and report the model"
+    elif model.quantize or model.dtype in ("bfloat16", "float16"):
         advice = f"If this precision is acceptable for the model, loosen `accuracy` in {table}; otherwise build it in float32"
         if model.quantize and model.calibration is None:
             advice += ", or calibrate it on batches like its real inputs (`calibration`)"
@@ -186,9 +208,17 @@ def check_steps(model: ModelConfig, captured: Captured, steps: list[list[Any]], 
 
 def summary(record: AccuracyRecord) -> str:
     """The worst figures of an accuracy record, for the build's progress line."""
-    floating = [o for o in record["outputs"] if "cosine" in o]
+    worst = _worst(record["outputs"])
+    if "batches" not in record:
+        return f"checked against {record['against']}: {worst}"
+    batches = _worst([output for batch in record["batches"] for output in batch["outputs"]])
+    return f"checked against {record['against']} on {len(record['batches'])} calibration batch(es): {batches}; on the example inputs: {worst}"
+
+
+def _worst(outputs: list[OutputAccuracy]) -> str:
+    floating = [o for o in outputs if "cosine" in o]
     if not floating:
-        return f"checked against {record['against']}: equal"
+        return "equal"
     error = max(o["relative_error"] for o in floating)
     cosine = min(o["cosine"] for o in floating)
-    return f"checked against {record['against']}: relative error {error:.3g}, cosine {cosine:.6g}"
+    return f"relative error {error:.3g}, cosine {cosine:.6g}"

@@ -32,14 +32,14 @@ from ..runtime._frozen_tensors import rebuild_constants
 from ..runtime._layout import KERNELS_DIR, artifact_file, constants_file, kernel_file, lean_module_file
 from ..runtime._lean import make_runner
 from ..runtime._manifest import cpu_features
-from ..runtime._schema import ArtifactEntry, LeanRecord, ModelEntry, OutputLeaf, WeightsEntry, is_lean_only
+from ..runtime._schema import ArtifactEntry, BatchAccuracy, LeanRecord, ModelEntry, OutputLeaf, WeightsEntry, is_lean_only
 from . import torch_internals
-from .accuracy import check_accuracy, check_steps
+from .accuracy import EXAMPLE_INPUTS_BESIDE_CALIBRATION, SANITY_BOUNDS, check_accuracy, check_steps
 from .capture import Captured, _torch_error
 from .frozen_tensors import ConstantsRefused, save_constants
 from .key import artifact_key, build_environment
 from .lean import LeanCandidate, LeanRefused, rewrite
-from .quantize import check_int8_kernels, failing_layer, int8_inductor_config
+from .quantize import Quantized, check_int8_kernels, failing_layer, int8_inductor_config
 from .weights import lifted_weights
 
 CHECK_DIR = "lean-check"  # scratch: inputs and expected outputs for the fresh-process check
@@ -94,15 +94,17 @@ def produce_artifact(
     target: CpuTarget,
     out_dir: Path,
     sources: ArtifactSources,
-    quantized: torch.fx.GraphModule | None = None,
+    quantized: Quantized | None = None,
 ) -> ProducedArtifact:
     """One shape variant for one CPU target, from a part or the build cache when
     one holds it under its key, else compiled; either way run on the example
     inputs and checked against eager (where this machine's CPU can run it).
     `quantized` is an int8 model's converted module (`quantize.quantize`), which
-    is compiled instead of the export, frozen, into a variant with no artifact."""
+    is compiled instead of the export, frozen, into a variant with no artifact,
+    and checked on the calibration batches it holds for that too."""
     name = model.name
-    key = artifact_key(model, captured, fixed, target, quantized)
+    int8 = quantized.module if quantized is not None else None
+    key = artifact_key(model, captured, fixed, target, int8)
     file = artifact_file(target.name, fixed)
     if quantized is not None:
         file = constants_file(file)
@@ -110,13 +112,13 @@ def produce_artifact(
         entry, origin = sources.fetch(key, file, out_dir, build_environment())
     except PartMismatch as mismatch:
         raise ModelBuildError(name, f"taking {file} from a part", str(mismatch)) from None
-    initial = _initial_weights(captured, quantized)
+    initial = _initial_weights(captured, int8)
     state_inputs = _state_inputs(captured)
     weights = [w.clone() if index in state_inputs else w for index, w in enumerate(initial)]  # each call updates the state
     calls = [torch_internals.tree_leaves(call) for call in captured.calls]
     flat = [*weights, *calls[0]]
-    if entry is None and quantized is not None:
-        entry, outputs, run = _compile_frozen(model, captured, fixed, target, out_dir, file, flat, copy.deepcopy(quantized))
+    if entry is None and int8 is not None:
+        entry, outputs, run = _compile_frozen(model, captured, fixed, target, out_dir, file, flat, copy.deepcopy(int8))
         origin = "compiled"
     elif entry is None:
         entry, outputs, run, output_module = _compile_artifact(model, captured, fixed, target, out_dir, file, flat)
@@ -128,7 +130,12 @@ def produce_artifact(
         run = _saved_runner(out_dir, entry)
         with torch.no_grad():
             outputs = list(run(flat))
-    entry["accuracy"] = check_accuracy(model, outputs, captured.eager_outputs, captured.reference_outputs)
+    batches = _check_calibration_batches(model, captured, fixed, quantized, run) if quantized is not None else []
+    if batches:  # the model's bounds held there; the example inputs need only be sane
+        entry["accuracy"] = check_accuracy(model, outputs, captured.eager_outputs, captured.reference_outputs, EXAMPLE_INPUTS_BESIDE_CALIBRATION, bounds=SANITY_BOUNDS)
+        entry["accuracy"]["batches"] = batches
+    else:
+        entry["accuracy"] = check_accuracy(model, outputs, captured.eager_outputs, captured.reference_outputs)
     steps = []
     for call in calls[1:]:
         with torch.no_grad():
@@ -155,6 +162,32 @@ def _state_inputs(captured: Captured) -> set[int]:
     """The positions of the model's state among the graph's inputs (weights first)."""
     names = list(lifted_weights(captured)) if captured.state else []
     return {names.index(name) for name in captured.state}
+
+
+def _check_calibration_batches(model: ModelConfig, captured: Captured, fixed: dict[str, int], quantized: Quantized, run: Runner) -> list[BatchAccuracy]:
+    """An int8 variant against the float32 module on the calibration batches kept
+    for the check that fit its sizes (a bucket's variant takes its size alone);
+    none where the model has no `calibration` or no such batch fits."""
+    assert captured.reference is not None  # an int8 model keeps its float32 module
+    records: list[BatchAccuracy] = []
+    for which, (args, kwargs) in quantized.checks:
+        flat = torch_internals.tree_leaves((args, kwargs))
+        if any(_batch_size(captured, flat, dim) != size for dim, size in fixed.items()):
+            continue
+        with torch.no_grad():
+            compiled = list(run(flat))
+            reference = torch_internals.tree_leaves(captured.reference(*args, **kwargs))
+        record = check_accuracy(model, compiled, reference, reference, f"on {which}")
+        records.append({"batch": which, "outputs": record["outputs"]})
+    return records
+
+
+def _batch_size(captured: Captured, flat: list[Any], dim: str) -> int | None:
+    """The size a batch gives `dim` (its first input that has it)."""
+    for leaf, value in zip(captured.input_leaves, flat):
+        if dim in leaf.get("shape", []):
+            return int(value.shape[leaf["shape"].index(dim)])
+    return None
 
 
 def _initial_weights(captured: Captured, quantized: torch.fx.GraphModule | None) -> list[torch.Tensor]:

@@ -20,6 +20,7 @@ import itertools
 import re
 import traceback
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ from ..engine.model_config import ModelConfig
 from ..runtime._contract import check_inputs, flatten_call
 from ..runtime._schema import DimRecord
 from . import torch_internals
-from .capture import Captured, _torch_error, import_callable
+from .capture import Call, Captured, _torch_error, import_callable
 
 TORCHAO_REQUIREMENT = "torchao>=0.18,<0.19"  # as the int8 extra in pyproject.toml
 # The op calls that show the compiled graph runs int8 kernels, not float32 ones
@@ -41,9 +42,25 @@ INT8_KERNEL_OPS = ("torch.ops.onednn.qlinear_pointwise", "torch.ops.onednn.qconv
 MATRIX_PRODUCT_OPS = ("aten.addmm", "aten.mm", "aten.bmm", "aten.matmul", "aten.baddbmm", "aten.einsum")
 
 
-def quantize(model: ModelConfig, captured: Captured) -> torch.fx.GraphModule:
+# With this many calibration batches or more, every HOLD_OUT-th is held out of the
+# calibration for the accuracy check; with fewer, all calibrate and all are checked.
+HOLD_OUT = 4
+
+
+@dataclass
+class Quantized:
+    """An int8 model's converted module, and the calibration batches its accuracy
+    is also checked on: batches like the model's real inputs, which the example
+    inputs (random values where declared by shape) are not."""
+
+    module: torch.fx.GraphModule
+    checks: list[tuple[str, Call]]  # (which batch, in the build's words; the batch)
+
+
+def quantize(model: ModelConfig, captured: Captured) -> Quantized:
     """The converted (int8) module of a captured model, calibrated on the model's
-    `calibration` batches or, without one, on its example inputs."""
+    `calibration` batches (less every HOLD_OUT-th, held out for the accuracy
+    check, when there are HOLD_OUT or more) or, without one, on its example inputs."""
     step = "quantizing to int8"
     quantizer_module, convert_pt2e, prepare_pt2e = _torchao(model)
     quantizer = quantizer_module.X86InductorQuantizer()
@@ -54,8 +71,15 @@ def quantize(model: ModelConfig, captured: Captured) -> torch.fx.GraphModule:
     except Exception as error:
         raise ModelBuildError(model.name, step, torchao_failure("prepare_pt2e", error)) from None
     calibrating = f"calibrating with calibration = {model.calibration!r}" if model.calibration else "calibrating on the example inputs"
+    batches = list(calibration_batches(model, captured))
+    held_out = set(range(HOLD_OUT - 1, len(batches), HOLD_OUT)) if model.calibration is not None and len(batches) >= HOLD_OUT else set()
+    checks = [(f"calibration batch {i} (held out of calibration)", batches[i]) for i in sorted(held_out)]
+    if model.calibration is not None and not held_out:
+        checks = [(f"calibration batch {i} (calibrated on: fewer than {HOLD_OUT} batches, none held out)", batch) for i, batch in enumerate(batches)]
     with torch.no_grad():
-        for index, (args, kwargs) in enumerate(calibration_batches(model, captured)):
+        for index, (args, kwargs) in enumerate(batches):
+            if index in held_out:
+                continue
             try:
                 prepared(*args, **kwargs)
             except Exception as error:
@@ -70,7 +94,7 @@ def quantize(model: ModelConfig, captured: Captured) -> torch.fx.GraphModule:
             step,
             f'quantize = "int8", but X86InductorQuantizer found no layer to quantize: it quantizes linear layers and convolutions{_unquantized_products(converted)}; remove `quantize` for this model',
         )
-    return converted
+    return Quantized(converted, checks)
 
 
 def check_int8_kernels(model: ModelConfig, source: str) -> None:
@@ -103,7 +127,7 @@ def calibration_batches(model: ModelConfig, captured: Captured) -> Iterable[tupl
             args, kwargs = tuple(batch[0]), dict(batch[1])
             try:
                 check_inputs(model.name, captured.input_leaves, dims, flatten_call(model.name, captured.input_tree, args, kwargs))
-            except (ValueError, TypeError) as error:
+            except (ValueError, TypeError, IndexError) as error:  # IndexError: values past an index bound
                 raise ModelBuildError(model.name, step, f"batch {count - 1} does not fit the declared inputs: {error}") from None
             yield args, kwargs
     except ModelBuildError:

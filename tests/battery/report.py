@@ -25,8 +25,8 @@ CUDA build), where every model in it must load lean and match eager again.
 Models compiled in bfloat16 are compared with the float32 module instead, by
 relative error and cosine similarity per output, within the build's default
 bounds (relative error at most 0.04, cosine at least 0.999); so are models
-quantized to int8 (`quantize = "int8"`, relative error at most 0.1, cosine at
-least 0.99), which load in the lean form only and are left out of the artifact
+quantized to int8 (`quantize = "int8"`, relative error at most 0.2, cosine at
+least 0.98), which load in the lean form only and are left out of the artifact
 form's comparison. The int8 text models with a dynamic sequence length (the
 sentence embedder and the reranker) calibrate on padded batches of several
 sizes across the declared range (`calibration`), the others on their example

