@@ -12,6 +12,7 @@
 #   ./dev.sh bench-build [ARGS]  the build-time benchmark (benchmarks/build_time.py)
 #   ./dev.sh bench-decode [ARGS]  the decode benchmark (benchmarks/decode.py): a KV-cache decoder
 #   ./dev.sh bench-per-call [ARGS]  where a call's time goes, lean form against AOTInductor (benchmarks/per_call.py)
+#   ./dev.sh bench-fork [ARGS]  workers forked from a server that loaded the model, against a process each (benchmarks/fork.py)
 # TORCH_REQUIREMENT picks the torch for demo, test and bench (default torch==2.13.0);
 # each torch gets its own environment (.venv for the default, .venv-torch-X.Y.Z else).
 set -euo pipefail
@@ -153,6 +154,14 @@ bench_decode() {
   "$DEMO/venv/bin/python" benchmarks/decode.py "$@"
 }
 
+bench_fork() {
+  install_example
+  install_big_weights
+  "$DEMO/venv/bin/python" -m pip install --disable-pip-version-check -q safetensors  # the eager mmap cases
+  echo "== fork benchmark: preloaded and forked workers against a process each, compiled and eager"
+  "$DEMO/venv/bin/python" benchmarks/fork.py "$@"
+}
+
 bench_build() {
   setup
   redis_server  # for --remote redis
@@ -253,5 +262,6 @@ case "${1:-}" in
   bench-build) shift; bench_build "$@" ;;
   bench-per-call) shift; bench_per_call "$@" ;;
   bench-decode) shift; bench_decode "$@" ;;
-  *) echo "usage: ./dev.sh demo | test [pytest args] | lint | leg RELEASE | bench [benchmark args] | bench-build [benchmark args] | bench-decode [benchmark args] | bench-per-call [benchmark args]" >&2; exit 2 ;;
+  bench-fork) shift; bench_fork "$@" ;;
+  *) echo "usage: ./dev.sh demo | test [pytest args] | lint | leg RELEASE | bench [benchmark args] | bench-build [benchmark args] | bench-decode [benchmark args] | bench-per-call [benchmark args] | bench-fork [benchmark args]" >&2; exit 2 ;;
 esac

@@ -9,6 +9,8 @@ import json
 import os
 import re
 import shutil
+import signal
+import subprocess
 import sys
 import tarfile
 import zipfile
@@ -219,6 +221,46 @@ threads = [threading.Thread(target=work) for _ in range(8)]
 print(len(models), len({id(m) for m in models}), errors)
 """
     assert deploy_venv.script(code).stdout.split(maxsplit=2) == ["8", "1", "[]\n"]
+
+
+# A server that loads before it forks (gunicorn --preload): the parent loads the
+# encoder and, where asked, calls it on two threads, then forks two workers that
+# call it; each worker reports its thread count and whether it matched the parent's
+# result. Workers that hang are ended by the timeout.
+FORKED_WORKERS = """
+import json, os, sys, torch
+from example_pkg import load_compiled
+torch.set_num_threads(2)
+encoder = load_compiled("encoder")
+ids = torch.randint(0, 1000, (64, 64), generator=torch.Generator().manual_seed(0))
+expected = encoder(ids)["embedding"] if sys.argv[1] == "call" else None
+workers = []
+for _ in range(2):
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        got = encoder(ids)["embedding"]
+        os.write(write, json.dumps([torch.get_num_threads(), expected is None or torch.equal(got, expected)]).encode())
+        os._exit(0)
+    os.close(write)
+    workers.append((pid, read))
+reports = [json.loads(os.read(read, 1000)) for pid, read in workers if os.waitpid(pid, 0)]
+print(json.dumps({"parent threads": torch.get_num_threads(), "workers": reports}))
+"""
+
+
+@pytest.mark.parametrize(("parent", "worker_threads"), [("call", 1), ("load", 2)])
+def test_workers_forked_after_the_model_ran_get_one_thread_and_do_not_hang(deploy_venv: Venv, parent: str, worker_threads: int) -> None:
+    """GNU OpenMP's pool does not survive fork: eager torch hangs here too (_fork.py)."""
+    process = subprocess.Popen([deploy_venv.python, "-c", FORKED_WORKERS, parent], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)  # the hung workers too
+        process.communicate()
+        pytest.fail(f"a worker forked after the parent {parent}ed the model hung")
+    assert process.returncode == 0, stderr[-3000:]
+    assert json.loads(stdout) == {"parent threads": 2, "workers": [[worker_threads, True]] * 2}
 
 
 FALLBACK_CHECK = """

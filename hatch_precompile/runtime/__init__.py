@@ -30,6 +30,7 @@ The modules here, one job each:
   _lean.py           the lean form: run the output module and kernels directly
   _frozen_tensors.py an int8 variant's frozen constants, rebuilt (its only form is the lean one)
   _generate.py       greedy generation from a decoder with a KV cache in its state
+  _fork.py           workers forked after a model ran get one thread (OpenMP's pool does not survive fork)
   _artifact.py       the artifact form: unpickle through torch._inductor
   _torch_private.py  every use of torch internals
 
@@ -62,7 +63,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from . import _artifact, _lean
+from . import _artifact, _fork, _lean
 from ._contract import check_inputs, conform_layouts, flatten_call, given_back, unflatten
 from ._errors import PrecompiledFallbackWarning, PrecompiledIntegrityError, PrecompiledModelError
 from ._generate import greedy
@@ -258,6 +259,7 @@ class CompiledModel:
         flat_inputs, sizes = self._checked(args, kwargs)
         _, run = self._variants.pick(sizes)
         conformed = conform_layouts(self._inputs["leaves"], flat_inputs)
+        _fork.note_call()
         with self._no_grad():
             outputs = run([*self._weights, *conformed])
         return unflatten(self._outputs["tree"], iter(given_back(outputs, conformed, flat_inputs)), self._classes)
@@ -340,6 +342,7 @@ class _EagerModel:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         import torch
 
+        _fork.note_call()
         with torch.no_grad():
             return self.module(*args, **kwargs)
 

@@ -1,0 +1,35 @@
+"""Worker processes forked from one that loaded the models (gunicorn --preload,
+multiprocessing's "fork" start method, uvicorn's and celery's prefork workers).
+
+torch's CPU build runs its threads with GNU OpenMP, whose thread pool belongs to
+the process that started it. A child forked after the pool has run inherits its
+state but not its threads, and its first parallel kernel, compiled or eager,
+waits for them forever. So when a model of this package has run in a process,
+each child forked from it is set to one thread as it starts (`after_in_child`),
+before it can call anything; a child forked after loading alone keeps the
+parent's thread count, since its pool starts afresh. One thread per worker is
+also how a server with as many workers as cores should run them (docs/usage.md).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+_ran = threading.Event()  # a model ran in this process, or in the one it was forked from
+
+
+def note_call() -> None:
+    """A model is about to run: OpenMP's pool may start in this process."""
+    if not _ran.is_set():
+        _ran.set()
+
+
+def _one_thread_in_the_child() -> None:
+    if _ran.is_set():
+        import torch
+
+        torch.set_num_threads(1)
+
+
+os.register_at_fork(after_in_child=_one_thread_in_the_child)
