@@ -227,8 +227,8 @@ class ModelConfig:
             "accuracy",
             "table",
             "by `dtype`",
-            "`{ max-relative-error = 0.04, min-cosine = 0.999 }`: the worst each floating output may be against the float32"
-            " model on the example inputs (see [Accuracy checks](#accuracy-checks)); a bound left out keeps its default",
+            "`{ max-relative-error = 0.04, min-cosine = 0.999, max-element-error = 1e-4 }`: the worst each floating output may be"
+            " against the float32 model (see [Accuracy checks](#accuracy-checks)); a bound left out keeps its default",
             to_plain=lambda bounds: {k: v for k, v in vars(bounds).items() if v is not None},
             from_plain=lambda data: AccuracyBounds(**data),
         ),
@@ -250,7 +250,8 @@ class ModelConfig:
             "calibration",
             IMPORT_PATH,
             "the example inputs",
-            "with `quantize`: returns an iterable of `(args, kwargs)` batches, shaped like the inputs, that set the int8 scales",
+            "with `quantize`: returns an iterable of `(args, kwargs)` batches, shaped like the inputs, that set the int8 scales;"
+            " with four or more, every fourth is held out of them and the accuracy check runs on it",
             compiled=True,
         ),
     )

@@ -130,7 +130,7 @@ def produce_artifact(
         run = _saved_runner(out_dir, entry)
         with torch.no_grad():
             outputs = list(run(flat))
-    batches = _check_calibration_batches(model, captured, fixed, quantized, run) if quantized is not None else []
+    batches = _check_calibration_batches(model, captured, quantized, run) if quantized is not None else []
     if batches:  # the model's bounds held there; the example inputs need only be sane
         entry["accuracy"] = check_accuracy(model, outputs, captured.eager_outputs, captured.reference_outputs, EXAMPLE_INPUTS_BESIDE_CALIBRATION, bounds=SANITY_BOUNDS)
         entry["accuracy"]["batches"] = batches
@@ -164,30 +164,20 @@ def _state_inputs(captured: Captured) -> set[int]:
     return {names.index(name) for name in captured.state}
 
 
-def _check_calibration_batches(model: ModelConfig, captured: Captured, fixed: dict[str, int], quantized: Quantized, run: Runner) -> list[BatchAccuracy]:
-    """An int8 variant against the float32 module on the calibration batches kept
-    for the check that fit its sizes (a bucket's variant takes its size alone);
-    none where the model has no `calibration` or no such batch fits."""
+def _check_calibration_batches(model: ModelConfig, captured: Captured, quantized: Quantized, run: Runner) -> list[BatchAccuracy]:
+    """An int8 graph against the float32 module on the calibration batches kept for
+    the check (none where the model has no `calibration`). Its one graph is
+    dynamic in every dim (int8 refuses buckets), so every batch fits it."""
     assert captured.reference is not None  # an int8 model keeps its float32 module
     records: list[BatchAccuracy] = []
     for which, (args, kwargs) in quantized.checks:
         flat = torch_internals.tree_leaves((args, kwargs))
-        if any(_batch_size(captured, flat, dim) != size for dim, size in fixed.items()):
-            continue
         with torch.no_grad():
             compiled = list(run(flat))
             reference = torch_internals.tree_leaves(captured.reference(*args, **kwargs))
         record = check_accuracy(model, compiled, reference, reference, f"on {which}")
         records.append({"batch": which, "outputs": record["outputs"]})
     return records
-
-
-def _batch_size(captured: Captured, flat: list[Any], dim: str) -> int | None:
-    """The size a batch gives `dim` (its first input that has it)."""
-    for leaf, value in zip(captured.input_leaves, flat):
-        if dim in leaf.get("shape", []):
-            return int(value.shape[leaf["shape"].index(dim)])
-    return None
 
 
 def _initial_weights(captured: Captured, quantized: torch.fx.GraphModule | None) -> list[torch.Tensor]:
