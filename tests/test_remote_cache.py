@@ -30,7 +30,7 @@ from servers import Server, free_port, s3_client, start_redis, start_s3
 
 from conftest import run, sharing_compiler_outputs, write_project
 
-pytestmark = [pytest.mark.e2e, pytest.mark.after_legs]  # its own projects and servers: nothing of the session's but the compiler outputs
+pytestmark = pytest.mark.e2e  # its own projects and servers: nothing of the session's but the compiler outputs; in the default suite, the line with room
 
 MODELS = '''
 import os
