@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from ..runtime._manifest import CONFIG_TABLE
 from .errors import BuildFailure
-from .model_config import IMPORT_PATH, AccuracyBounds, Dim, KeyDoc, ModelConfig, TensorInput, choices, model_settings, reference_type
+from .model_config import IMPORT_PATH, INT4_GROUP_SIZES, WEIGHT_ONLY, AccuracyBounds, Dim, KeyDoc, ModelConfig, TensorInput, choices, model_settings, reference_type
 from .options import flatten as flatten_options
 from .options import option_problems
 from .remote import url_problem
@@ -264,14 +264,34 @@ def _parse_model(check: _Checker, name: str, raw: dict[str, Any], path: str, fal
 
 
 def _check_quantize(check: _Checker, raw: dict[str, Any], path: str, values: dict[str, Any]) -> None:
-    """`quantize = "int8"` and its `calibration`. An int8 graph is quantized from the
-    float32 module, so it cannot also take another dtype."""
-    if "calibration" in raw and "quantize" not in raw:
-        check.fail(f"{path}.calibration", 'sets the int8 scales, so it needs `quantize = "int8"`; add that or remove it')
-    if values.get("quantize") is None:
+    """`quantize` and the keys that go with it. Static int8 (`"int8"`) is quantized
+    from the float32 module and calibrated; the weight-only schemes run bfloat16
+    activations, since their CPU kernels are fast only with those."""
+    quantize = values.get("quantize")
+    if "calibration" in raw and quantize != "int8":
+        check.fail(f"{path}.calibration", 'sets the int8 activation scales, so it needs `quantize = "int8"`; add that or remove it')
+    if "group-size" in raw:
+        if quantize != "int4-weight-only":
+            check.fail(f"{path}.group-size", 'is the int4 weights\' group size, so it needs `quantize = "int4-weight-only"`; add that or remove it')
+        elif raw["group-size"] not in INT4_GROUP_SIZES or isinstance(raw["group-size"], bool):
+            check.fail(f"{path}.group-size", f"expected one of {', '.join(map(str, INT4_GROUP_SIZES))} (the CPU kernel's group sizes), found {_describe(raw['group-size'])}")
+        else:
+            values["group_size"] = raw["group-size"]
+    if quantize in WEIGHT_ONLY:
+        if values.get("dtype") != "bfloat16":
+            check.fail(
+                f"{path}.dtype",
+                f'is {values.get("dtype") or "unset (float32)"}, but `quantize = {quantize!r}` needs `dtype = "bfloat16"`: the CPU kernels '
+                "for 8- and 4-bit weights are fast only with bfloat16 activations; with float32 ones the graph dequantizes every "
+                "weight and runs a float32 matrix product, 1.3-2.9x slower than plain float32 (docs/configuration.md#weight-only-int8-and-int4)",
+            )
+        if values.get("weights") == "factory":
+            check.fail(f"{path}.weights", 'is "factory", but the factory gives float weights and the graph takes the quantized ones the build made; ship them: `weights = "embed"`')
+        return
+    if quantize is None:
         return
     if values.get("dtype") not in (None, "float32"):
-        check.fail(f"{path}.dtype", f"is {values['dtype']!r}, but `quantize` quantizes the float32 module; remove one of the two")
+        check.fail(f"{path}.dtype", f'is {values["dtype"]!r}, but `quantize = "int8"` quantizes the float32 module; remove one of the two')
     for dim in values["dims"].values():
         if dim.buckets:
             check.fail(
@@ -299,12 +319,13 @@ def _parse_cpu_targets(check: _Checker, raw: Any, path: str) -> tuple[str, ...]:
 
 def _parse_accuracy(check: _Checker, raw: Any, path: str) -> AccuracyBounds:
     table = check.table(raw, path) or {}
-    check.keys(table, path, ("max-relative-error", "min-cosine", "max-element-error"))
+    check.keys(table, path, ("max-relative-error", "min-cosine", "max-element-error", "min-token-agreement"))
     bounds: dict[str, float] = {}
     for key, low, high, meaning in (
         ("max-relative-error", 0.0, None, "a number > 0: the norm of the difference over the float32 output's norm"),
         ("min-cosine", 0.0, 1.0, "a number in (0, 1]: the cosine similarity with the float32 output"),
         ("max-element-error", 0.0, None, "a number > 0: the largest difference of one element over the float32 output's largest magnitude"),
+        ("min-token-agreement", 0.0, 1.0, "a number in (0, 1]: the share of positions whose most likely token is float32's"),
     ):
         if key not in table:
             continue

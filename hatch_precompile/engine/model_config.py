@@ -26,7 +26,10 @@ from .targets import DEFAULT_CPU_TARGETS
 Fallback = Literal["eager", "error"]
 Weights = Literal["embed", "factory"]
 ModuleDtype = Literal["float32", "bfloat16", "float16"]
-Quantization = Literal["int8"]
+Quantization = Literal["int8", "int8-weight-only", "int4-weight-only"]
+WEIGHT_ONLY = ("int8-weight-only", "int4-weight-only")  # quantized weights, bfloat16 activations (worker/weight_only.py)
+INT4_GROUP_SIZES = (32, 64, 128)
+DEFAULT_INT4_GROUP_SIZE = 64  # divides the widths of small LLMs (576, 768, 960) where 128 does not
 OutputForm = Literal["classes", "plain"]  # runtime.OUTPUT_FORMS, which the loader checks (a test keeps them equal)
 
 IMPORT_PATH = '`"module:callable"`'  # a Setting of this type is checked as an import path
@@ -107,6 +110,7 @@ class AccuracyBounds:
     max_relative_error: float | None = None
     min_cosine: float | None = None
     max_element_error: float | None = None
+    min_token_agreement: float | None = None  # weight-only models with state: greedy tokens equal to float32's
 
 
 def _input_to_plain(spec: TensorInput) -> dict[str, Any]:
@@ -239,7 +243,20 @@ class ModelConfig:
             "quantize",
             CHOICES,
             "(none)",
-            "quantize the float32 module to int8 (PT2E, torchao's X86InductorQuantizer; see [int8](#int8)); needs torchao in the build environment",
+            "`int8`: quantize the float32 module's weights and activations (PT2E, torchao's X86InductorQuantizer; see [int8](#int8)); "
+            '`int8-weight-only`, `int4-weight-only`: store the linear layers\' weights in 8 or 4 bits, with `dtype = "bfloat16"` '
+            "activations, for decoders (see [Weight-only int8 and int4](#weight-only-int8-and-int4)); each needs torchao in the build environment",
+            compiled=True,
+            keyed=True,
+        ),
+    )
+    group_size: int | None = field(
+        default=None,
+        metadata=setting(
+            "group-size",
+            "integer",
+            f"`{DEFAULT_INT4_GROUP_SIZE}`",
+            "with `int4-weight-only`: 32, 64 or 128 weights share a scale and a zero point; smaller is closer to bfloat16 and reads a little more per token",
             compiled=True,
             keyed=True,
         ),
@@ -273,6 +290,12 @@ class ModelConfig:
     def from_json(cls, data: dict[str, Any]) -> ModelConfig:
         """The config back from `to_json`'s form, in the compile worker."""
         return cls(name=data["name"], **{name: s.from_plain(data[name]) for name, s in model_settings(cls).items()})
+
+    @property
+    def weight_only(self) -> bool:
+        """Whether only the linear layers' weights are quantized (int8 or int4), the
+        activations bfloat16; `quantize = "int8"` quantizes both."""
+        return self.quantize in WEIGHT_ONLY
 
     def shape_variants(self) -> list[dict[str, int]]:
         """One entry per artifact shape (per CPU target): see `shape_variants`."""

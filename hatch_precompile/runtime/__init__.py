@@ -143,15 +143,17 @@ def load_compiled(
 
 
 def _int8_weights(name: str, model: ModelEntry, state_dict: dict[str, Any] | None, module: Any) -> list[Any] | None:
-    """An int8 model's graphs take no weights: the build compiled them in. None for other models."""
+    """A quantized model's weights are the build's: an int8 model's graphs take none
+    (they are compiled in), a weight-only model's take the shipped quantized ones
+    (None: bind them). None for other models."""
     if not model["quantize"]:
         return None
     if state_dict is not None or module is not None:
         raise ValueError(
-            f"model {name!r} is quantized to {model['quantize']}: its weights were compiled into it at build time, so "
+            f"model {name!r} is quantized to {model['quantize']}: its weights were quantized at build time, so "
             "state_dict= and module= cannot replace them; build a wheel from the weights you want to run"
         )
-    return []
+    return [] if model["quantize"] == "int8" else None
 
 
 def explain(name: str | None = None) -> str:

@@ -79,6 +79,16 @@ class AccuracyRecord(TypedDict):
     against: str  # "eager", or "float32 eager" for a lower-precision model
     outputs: list[OutputAccuracy]
     batches: NotRequired[list[BatchAccuracy]]  # int8 with `calibration`: the batches it was also checked on
+    calls: NotRequired[list[list[OutputAccuracy]]]  # weight-only with state: each call after the first, against float32
+    token_agreement: NotRequired[TokenAgreement]
+
+
+class TokenAgreement(TypedDict):
+    """A weight-only decoder's most likely token at each position of the build's
+    calls (the first output's argmax over its last axis), against float32's."""
+
+    agreed: int
+    positions: int
 
 
 class WeightSpec(TypedDict):
@@ -217,11 +227,21 @@ class SourceModel(TypedDict):
     fallback: str
 
 
+class QuantizationRecord(TypedDict):
+    """A weight-only model's quantized layers (`worker/weight_only.py`)."""
+
+    scheme: str  # "int8-weight-only" or "int4-weight-only"
+    layers: list[str]  # the linear layers whose weights are stored quantized
+    left: dict[str, str]  # linear layers left in bfloat16: name -> why
+    group_size: NotRequired[int]  # int4: weights per scale and zero point
+
+
 class ModelEntry(SourceModel):
     """One model: how it is called, its weights, and its artifacts."""
 
     outputs_form: str  # "classes" or "plain"
     quantize: str | None  # "int8": the graphs take no weights (they are frozen in); `weights` is for the eager fallback
+    quantization: NotRequired[QuantizationRecord]  # the weight-only schemes
     state: list[str]  # the buffers the graphs update in place (a KV cache), among `weights`: each handle has its own
     inputs: CallInputs
     outputs: CallOutputs

@@ -35,6 +35,10 @@ default (`DEFAULT_BOUNDS`):
   (docs/studies/int8), and most on trained weights. With `calibration`, on the
   batches held out of it (like the real inputs), the example inputs held only to
   SANITY_BOUNDS.
+- int8 and int4 weights (`quantize = "int8-weight-only"`, `"int4-weight-only"`)
+  are compared with the float32 module too, and a model with state on every call
+  of the build's check (each from the state the previous ones left): its logits'
+  figures, and how often the most likely token is float32's (token agreement).
 
 Integer and boolean outputs must equal eager's; non-finite elements must be
 where the reference has them. Every artifact's figures go into the manifest and
@@ -50,7 +54,7 @@ import torch
 
 from ..engine.errors import ModelBuildError
 from ..engine.model_config import AccuracyBounds, ModelConfig
-from ..runtime._schema import AccuracyRecord, OutputAccuracy
+from ..runtime._schema import AccuracyRecord, OutputAccuracy, TokenAgreement
 
 if TYPE_CHECKING:
     from .capture import Captured
@@ -66,6 +70,8 @@ DEFAULT_BOUNDS = {
     "bfloat16": AccuracyBounds(max_relative_error=0.04, min_cosine=0.999),
     "float16": AccuracyBounds(max_relative_error=0.01, min_cosine=0.9999),
     "int8": AccuracyBounds(max_relative_error=0.2, min_cosine=0.98),
+    "int8-weight-only": AccuracyBounds(max_relative_error=0.1, min_cosine=0.995, min_token_agreement=0.9),
+    "int4-weight-only": AccuracyBounds(max_relative_error=0.3, min_cosine=0.95, min_token_agreement=0.7),
 }
 # An int8 model with `calibration` is held to its bounds on calibration batches
 # (quantize.py holds some out), which are like its real inputs. Its example inputs
@@ -78,11 +84,16 @@ EXAMPLE_INPUTS_BESIDE_CALIBRATION = "on the example inputs (held to the sanity b
 
 # Each bound's field, its TOML key and the figure it bounds.
 BOUNDS = (("max_relative_error", "max-relative-error", "relative_error"), ("min_cosine", "min-cosine", "cosine"), ("max_element_error", "max-element-error", "element_error"))
+# What to try when a weight-only model misses a bound, by scheme.
+WEIGHT_ONLY_ADVICE = {
+    "int8-weight-only": 'or build it with dtype = "bfloat16" alone',
+    "int4-weight-only": 'or try a smaller `group-size` (32 is closest to bfloat16), or quantize = "int8-weight-only"',
+}
 
 
 def bounds_for(model: ModelConfig) -> AccuracyBounds:
     """The model's `accuracy` bounds, each missing one taken from its precision's defaults."""
-    default = DEFAULT_BOUNDS[model.quantize or model.dtype or "float32"]
+    default = DEFAULT_BOUNDS[model.quantize or model.dtype or "float32"]  # weight-only models are bfloat16 too: the scheme's
     configured = model.accuracy
     return AccuracyBounds(**{field: default_value if (value := getattr(configured, field)) is None else value for field, default_value in vars(default).items()})
 
@@ -152,22 +163,25 @@ def _check_bounds(model: ModelConfig, index: int, measured: dict[str, float], bo
         for field, key, figure in BOUNDS
         if (bound := getattr(bounds, field)) is not None and not _within(field, measured[figure], bound)
     ]
-    if not missed:
-        return
+    if missed:
+        raise ModelBuildError(model.name, "checking accuracy", f"output {index} against {against} {where}: {'; '.join(missed)}. {_advice(model, measured, bounds)}")
+
+
+def _advice(model: ModelConfig, measured: dict[str, float], bounds: AccuracyBounds) -> str:
+    """What to try after a miss, for the model's precision and what it already sets."""
     table = f"[tool.hatch.build.hooks.precompile.models.{model.name}]"
     if bounds == SANITY_BOUNDS:
-        advice = "Only a wrong int8 kernel or wrong scales are that far from float32, even on inputs unlike the calibration batches: build it in float32 and report the model"
-    elif model.quantize or model.dtype in ("bfloat16", "float16"):
+        return "Only a wrong int8 kernel or wrong scales are that far from float32, even on inputs unlike the calibration batches: build it in float32 and report the model"
+    if model.quantize or model.dtype in ("bfloat16", "float16"):
         advice = f"If this precision is acceptable for the model, loosen `accuracy` in {table}; otherwise build it in float32"
-        if model.quantize and model.calibration is None:
+        if model.quantize == "int8" and model.calibration is None:
             advice += ", or calibrate it on batches like its real inputs (`calibration`)"
-    else:
-        advice = (
-            f"Correct float32 code differs from eager by reassociated sums alone, about 1e-6 of the output even 30 layers deep: "
-            f"a figure far past its bound points to a wrong kernel, weights or state. If you have checked the compiled model "
-            f"on real inputs, set the bound in {table}, e.g. `accuracy = {{ {_loosened(measured, bounds)} }}`"
-        )
-    raise ModelBuildError(model.name, "checking accuracy", f"output {index} against {against} {where}: {'; '.join(missed)}. {advice}")
+        return advice + (f", {WEIGHT_ONLY_ADVICE[str(model.quantize)]}" if model.weight_only else "")
+    return (
+        f"Correct float32 code differs from eager by reassociated sums alone, about 1e-6 of the output even 30 layers deep: "
+        f"a figure far past its bound points to a wrong kernel, weights or state. If you have checked the compiled model "
+        f"on real inputs, set the bound in {table}, e.g. `accuracy = {{ {_loosened(measured, bounds)} }}`"
+    )
 
 
 def _loosened(measured: dict[str, float], bounds: AccuracyBounds) -> str:
@@ -189,13 +203,16 @@ def _rounded(value: float) -> float:
     return float(f"{value:.3g}")
 
 
-def check_steps(model: ModelConfig, captured: Captured, steps: list[list[Any]], state: list[torch.Tensor]) -> None:
-    """A model with state: each call after the example inputs, and the state after
-    the last, against eager's from the same initial state, by the model's bounds.
-    A lower-precision model is compared with eager in its own dtype here, since the
-    float32 module's state would differ from its own."""
+def check_steps(model: ModelConfig, captured: Captured, outputs: list[list[Any]], state: list[torch.Tensor]) -> AccuracyRecord | None:
+    """A model with state: each call after the example inputs (`outputs` holds
+    every call's, the example inputs' first), and the state after the last,
+    against eager's from the same initial state, by the model's bounds. A
+    lower-precision model is compared with eager in its own dtype here, since the
+    float32 module's state would differ from its own. A weight-only model is also
+    compared with the float32 module call by call, and its tokens with float32's;
+    returns those figures for the manifest (None for other models)."""
     eager_calls, eager_state = captured.eager_run
-    for index, (compiled, eager) in enumerate(zip(steps, eager_calls[1:]), start=1):
+    for index, (compiled, eager) in enumerate(zip(outputs[1:], eager_calls[1:]), start=1):
         check_accuracy(model, compiled, eager, None, f"on call {index + 1} of the build's check (after the example inputs)")
     where = f"after the {len(captured.calls)} calls of the build's check"
     for name, compiled_state, eager_value in zip(captured.state, state, eager_state):
@@ -204,6 +221,36 @@ def check_steps(model: ModelConfig, captured: Captured, steps: list[list[Any]], 
         except ModelBuildError as error:
             message = error.message.replace("output 0", f"the state {name!r}", 1)
             raise ModelBuildError(model.name, "checking the state against eager", message) from None
+    if not (model.weight_only and captured.state):
+        return None
+    reference = captured.reference_run
+    calls = [
+        check_accuracy(model, compiled, eager, float32, f"on call {index + 1} of the build's check")["outputs"]
+        for index, (compiled, eager, float32) in enumerate(zip(outputs[1:], eager_calls[1:], reference[1:]), start=1)
+    ]
+    agreement = token_agreement(outputs, reference)
+    bound = bounds_for(model).min_token_agreement
+    share = agreement["agreed"] / agreement["positions"] if agreement["positions"] else 1.0
+    if bound is not None and share < bound:
+        raise ModelBuildError(
+            model.name,
+            "checking accuracy",
+            f"the most likely token equals float32's at {agreement['agreed']} of {agreement['positions']} positions of the build's "
+            f"{len(outputs)} calls ({share:.3g} < min-token-agreement {bound}). {_advice(model, {}, bounds_for(model))}",
+        )
+    return {"against": "float32 eager", "outputs": [], "calls": calls, "token_agreement": agreement}
+
+
+def token_agreement(outputs: list[list[Any]], reference: list[list[Any]]) -> TokenAgreement:
+    """How many positions of all the calls have the argmax over the last axis of the
+    first floating output (a decoder's logits) equal to the reference's."""
+    agreed = positions = 0
+    for compiled, float32 in zip(outputs, reference):
+        logits = next((c, r) for c, r in zip(compiled, float32) if c.is_floating_point())
+        chosen, wanted = logits[0].argmax(-1), logits[1].argmax(-1)
+        agreed += int((chosen == wanted).sum())
+        positions += chosen.numel()
+    return {"agreed": agreed, "positions": positions}
 
 
 def summary(record: AccuracyRecord) -> str:

@@ -95,6 +95,18 @@ class Captured:
         with torch.no_grad():
             return tree_leaves(reference(*args, **kwargs))
 
+    @functools.cached_property
+    def reference_run(self) -> list[list[Any]]:
+        """The float32 module's flat outputs for each call (floating inputs as
+        float32), from its own initial state, on a copy; for a lower-precision
+        model with state."""
+        from .accuracy import reference_inputs
+
+        assert self.reference is not None
+        reference = copy.deepcopy(self.reference)
+        with torch.no_grad():
+            return [tree_leaves(reference(*args, **kwargs)) for args, kwargs in (reference_inputs(*call) for call in self.calls)]
+
 
 def import_callable(model: str, key: str, spec: str) -> Any:
     """The callable a model's `key` names, by the loader's own import_object; its
@@ -134,7 +146,7 @@ def build_module(model: ModelConfig) -> tuple[torch.nn.Module, torch.nn.Module |
     reference = None
     if model.dtype in ("bfloat16", "float16"):
         reference = copy.deepcopy(module)
-    elif model.quantize:
+    elif model.quantize == "int8":
         reference = module  # int8 is quantized from a copy the export makes; the module itself stays float32
     if model.dtype:
         module = module.to(getattr(torch, model.dtype))
@@ -259,7 +271,7 @@ def _export(model: ModelConfig, module: torch.nn.Module, fixed: dict[str, int]) 
     for leaf, name in zip(leaves, user_inputs):
         if name in bounds:
             leaf["below"] = bounds[name]
-    undecomposed_kept = undecomposed if model.quantize else None
+    undecomposed_kept = undecomposed if model.quantize == "int8" else None
     return Captured(module, exported, args, kwargs, input_tree, leaves, undecomposed=undecomposed_kept, strict_because=strict_because)
 
 

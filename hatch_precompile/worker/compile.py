@@ -32,7 +32,7 @@ from ..runtime._frozen_tensors import rebuild_constants
 from ..runtime._layout import KERNELS_DIR, artifact_file, constants_file, kernel_file, lean_module_file
 from ..runtime._lean import make_runner
 from ..runtime._manifest import cpu_features
-from ..runtime._schema import ArtifactEntry, BatchAccuracy, LeanRecord, ModelEntry, OutputLeaf, WeightsEntry, is_lean_only
+from ..runtime._schema import ArtifactEntry, BatchAccuracy, LeanRecord, ModelEntry, OutputLeaf, QuantizationRecord, WeightsEntry, is_lean_only
 from . import torch_internals
 from .accuracy import EXAMPLE_INPUTS_BESIDE_CALIBRATION, SANITY_BOUNDS, check_accuracy, check_steps
 from .capture import Captured, _torch_error
@@ -46,10 +46,10 @@ CHECK_DIR = "lean-check"  # scratch: inputs and expected outputs for the fresh-p
 Runner = Callable[[list[Any]], Any]  # a compiled graph: its flat inputs -> its flat outputs
 
 
-def model_entry(model: ModelConfig, captured: Captured, weights: WeightsEntry, op_libraries: dict[str, str], artifacts: list[ArtifactEntry]) -> ModelEntry:
+def model_entry(model: ModelConfig, captured: Captured, weights: WeightsEntry, op_libraries: dict[str, str], artifacts: list[ArtifactEntry], quantization: QuantizationRecord | None) -> ModelEntry:
     """The model's manifest entry (less file sizes and hashes, added at assembly)."""
     exported = captured.exported
-    return {
+    entry: ModelEntry = {
         "factory": model.factory,
         "dtype": model.dtype,
         "fallback": model.fallback,
@@ -66,6 +66,9 @@ def model_entry(model: ModelConfig, captured: Captured, weights: WeightsEntry, o
         "op_libraries": op_libraries,
         "artifacts": artifacts,
     }
+    if quantization is not None:
+        entry["quantization"] = quantization
+    return entry
 
 
 def cpu_targets(model: ModelConfig) -> list[CpuTarget]:
@@ -141,7 +144,10 @@ def produce_artifact(
         with torch.no_grad():
             steps.append(list(run([*weights, *call])))
     state = [weights[index] for index in sorted(state_inputs)]
-    check_steps(model, captured, steps, state)
+    against_float32 = check_steps(model, captured, [outputs, *steps], state)
+    if against_float32 is not None:
+        entry["accuracy"]["calls"] = against_float32["calls"]
+        entry["accuracy"]["token_agreement"] = against_float32["token_agreement"]
     sequence = _CheckedSequence(initial, calls, [outputs, *steps], sorted(state_inputs), state)
     return ProducedArtifact(entry, key, origin, _lean_candidate(entry, sequence, out_dir), checked_here=True)
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from ..engine.protocol import BuiltModel, Progress, WorkerFailure, WorkerRequest, write_result
 from ..engine.remote import Traffic, remote_cache
-from ..runtime._schema import WeightsEntry, has_lean_form, is_lean_only
+from ..runtime._schema import QuantizationRecord, WeightsEntry, has_lean_form, is_lean_only
 
 if TYPE_CHECKING:
     from .capture import Captured
@@ -60,6 +60,7 @@ class _Compiled:
     op_libraries: dict[str, str]  # custom op -> the module defining it, imported before running the graph
     produced: list[ProducedArtifact]
     seconds: float
+    quantization: QuantizationRecord | None  # a weight-only model's quantized layers
 
 
 def run(requests: list[WorkerRequest]) -> None:
@@ -102,12 +103,19 @@ def _produce_variants(request: WorkerRequest) -> _Compiled:
     from .capture import build_module, capture
     from .compile import cpu_targets, produce_artifact
     from .quantize import quantize
+    from .weight_only import quantize_weights
     from .weights import lifted_weights, save_weights
 
     model, out_dir, started = request.model, request.out_dir, time.perf_counter()
     torch_internals.start_model()
     with _step(model.name, "built the module"):
         module, reference = build_module(model)
+    quantization = None
+    if model.weight_only:
+        with _step(model.name, f"quantized its linear layers' weights with torchao ({model.quantize})"):
+            quantization = quantize_weights(model, module)
+        left = f"; left in bfloat16: {quantization['left']}" if quantization["left"] else ""
+        _report(model.name, f"{len(quantization['layers'])} linear layers hold {quantization['scheme'].split('-')[0]} weights{left}")
     produced: list[ProducedArtifact] = []
     first: tuple[Captured, WeightsEntry] | None = None
     for fixed in model.shape_variants():
@@ -118,7 +126,7 @@ def _produce_variants(request: WorkerRequest) -> _Compiled:
             _report(model.name, f"captured strictly (torch.export's strict=True, through dynamo): {captured.strict_because}")
         if captured.state:
             _report(model.name, f"state updated in place: {', '.join(captured.state)}; checked on {len(captured.calls)} calls")
-        if captured.state and model.quantize:
+        if captured.state and model.quantize == "int8":
             frozen = "int8 graphs are compiled with their buffers frozen in; build it in float32 or bfloat16"
             raise ModelBuildError(model.name, "quantizing to int8", f"the model updates buffers ({', '.join(captured.state)}), and {frozen}")
         if first is None:
@@ -126,7 +134,7 @@ def _produce_variants(request: WorkerRequest) -> _Compiled:
         elif list(lifted_weights(captured)) != first[1]["order"]:
             raise ModelBuildError(model.name, f"capturing ({shape})", "the weights the graph takes differ between shape variants")
         quantized = None
-        if model.quantize:
+        if model.quantize == "int8":
             with _step(model.name, f"quantized to int8 with torchao's PT2E ({shape})"):
                 quantized = quantize(model, captured)
         for target in cpu_targets(model):
@@ -140,7 +148,7 @@ def _produce_variants(request: WorkerRequest) -> _Compiled:
     assert first is not None  # shape_variants() gives at least one
     captured, weights = first
     op_libraries = torch_internals.python_op_libraries(captured.exported)
-    return _Compiled(request, captured, weights, op_libraries, produced, time.perf_counter() - started)
+    return _Compiled(request, captured, weights, op_libraries, produced, time.perf_counter() - started, quantization)
 
 
 def _finish(model: _Compiled) -> BuiltModel:
@@ -158,7 +166,7 @@ def _finish(model: _Compiled) -> BuiltModel:
         _report(request.model.name, f"{artifact.entry['file']}: {form}")
     _report_remote(request)
     return BuiltModel(
-        model_entry(request.model, model.captured, model.weights, model.op_libraries, [a.entry for a in model.produced]),
+        model_entry(request.model, model.captured, model.weights, model.op_libraries, [a.entry for a in model.produced], model.quantization),
         {a.entry["file"]: a.key for a in model.produced},
         {a.entry["file"]: a.origin for a in model.produced},
         round(model.seconds, 2),

@@ -11,7 +11,8 @@ torch, so that a torch upgrade touches this package alone:
   and what a compiled artifact holds (its output module, its wrapper's work);
 - `kernels`: the C++ compiler's outputs: kernels built against the stable ABI
   and without this build's paths, precompiled headers, vector-ISA probes;
-- `frozen`: int8 graphs compiled with their weights frozen in.
+- `frozen`: int8 graphs compiled with their weights frozen in;
+- `low_bit`: the CPU kernels for 8- and 4-bit weights (weight-only quantization).
 
 The rest of the worker imports the names below from here.
 """
@@ -20,6 +21,7 @@ from .export import LAZY_DECOMPOSITION_MODULES, DimFix, constraint_fixes, decomp
 from .frozen import FrozenGraph, compile_frozen, is_onednn_packed, pre_grad_pass_kept
 from .inductor import compile_exported, extern_kernel_is_torch_function, output_module, save_artifact, start_model, torch_key, wrapper_work
 from .kernels import STABLE_ABI_PRELUDE, TORCH_PATH_MAP, captured_kernels, compiler_outputs_in, precompiled_headers_in, probe_vector_isas_in, pybinding_kernel_key, vector_isa
+from .low_bit import int4_weight_matmul, int8_weight_matmul
 
 __all__ = [
     "LAZY_DECOMPOSITION_MODULES",
@@ -34,6 +36,8 @@ __all__ = [
     "constraint_fixes",
     "decompose",
     "extern_kernel_is_torch_function",
+    "int4_weight_matmul",
+    "int8_weight_matmul",
     "is_onednn_packed",
     "output_module",
     "pre_grad_pass_kept",

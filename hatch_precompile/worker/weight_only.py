@@ -1,0 +1,161 @@
+"""Weight-only int8 and int4: linear layers that keep their weights as they are used.
+
+Runs in the compile worker, for models with `quantize = "int8-weight-only"` or
+`"int4-weight-only"`, on the bfloat16 module before capture. Decoding at batch 1
+reads every weight once per token, so fewer bytes per weight is what makes a
+step faster; the CPU kernels for 8- and 4-bit weights are fast only with bfloat16
+activations (docs/configuration.md#weight-only-int8-and-int4).
+
+torchao computes the quantized weights: `Int8Tensor` (symmetric, one scale per
+output channel) and `Int4OpaqueTensor` (asymmetric, a scale and a zero point per
+group of `group-size` inputs, packed for the CPU kernel). Each `nn.Linear`, and
+transformers' `Conv1D` (GPT-2's, a transposed linear), becomes a module that
+holds those tensors as buffers and calls the core-torch kernel that torchao's own
+tensors dispatch to: `aten._weight_int8pack_mm` and
+`aten._weight_int4pack_mm_for_cpu`. So the capture holds plain tensors and core
+ops, and the rest of the build is that of any bfloat16 model: the wheel ships
+the int8 or packed int4 weights and their scales (no float copy), in the artifact
+and lean forms, and the loader needs neither torchao nor a compiler. The
+attribute names read from torchao's tensors are its documented tensor data
+(`qdata`, `scale`, `scale_and_zero`); tests/test_torch_assumptions.py checks that
+these modules compute what torchao's own linear does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..engine.errors import ModelBuildError
+from ..engine.model_config import DEFAULT_INT4_GROUP_SIZE, ModelConfig
+from ..runtime._schema import QuantizationRecord
+from .quantize import TORCHAO_REQUIREMENT
+from .torch_internals import int4_weight_matmul, int8_weight_matmul
+
+
+class Int8WeightOnlyLinear(nn.Module):
+    """y = x W^T + b with W stored as int8, one bfloat16 scale per output channel."""
+
+    weight_int8: torch.Tensor
+    scales: torch.Tensor
+    bias: torch.Tensor | None
+
+    def __init__(self, weight_int8: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight_int8.shape
+        self.register_buffer("weight_int8", weight_int8)
+        self.register_buffer("scales", scales)
+        self.register_buffer("bias", bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = int8_weight_matmul(x.reshape(-1, self.in_features), self.weight_int8, self.scales)
+        y = y.reshape(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
+
+class Int4WeightOnlyLinear(nn.Module):
+    """y = x W^T + b with W stored as 4-bit values packed for the CPU kernel, a
+    bfloat16 scale and zero point per group of `group_size` inputs."""
+
+    weight_int4: torch.Tensor
+    scales_and_zeros: torch.Tensor
+    group_size: torch.Tensor  # 0-dim int64: a buffer, so the compiled graph holds no constant (torch_internals.low_bit)
+    bias: torch.Tensor | None
+
+    def __init__(self, packed: torch.Tensor, scales_and_zeros: torch.Tensor, group_size: int, out_features: int, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = out_features, packed.shape[1] * 2
+        self.register_buffer("weight_int4", packed)
+        self.register_buffer("group_size", torch.tensor(group_size, dtype=torch.int64))
+        self.register_buffer("scales_and_zeros", scales_and_zeros)
+        self.register_buffer("bias", bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = int4_weight_matmul(x.reshape(-1, self.in_features).contiguous(), self.weight_int4, self.group_size, self.scales_and_zeros)
+        y = y[:, : self.out_features].reshape(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
+
+@dataclass
+class _Layer:
+    """A layer to quantize: itself, where it sits, its weight as (out, in) and its bias."""
+
+    module: nn.Module
+    parent: nn.Module
+    attribute: str
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+
+
+def quantize_weights(model: ModelConfig, module: nn.Module) -> QuantizationRecord:
+    """Replace, in place, each linear layer of the bfloat16 `module` by its
+    weight-only int8 or int4 form; returns what was quantized and what was left
+    in bfloat16 (with why), for the manifest."""
+    step = f"quantizing the weights ({model.quantize})"
+    bits = 8 if model.quantize == "int8-weight-only" else 4
+    group_size = model.group_size or DEFAULT_INT4_GROUP_SIZE
+    int8_tensor, int4_tensor, per_row = _torchao(model)
+    record: QuantizationRecord = {"scheme": str(model.quantize), "layers": [], "left": {}}
+    if bits == 4:
+        record["group_size"] = group_size
+    replaced: dict[int, nn.Module] = {}  # a layer reached under two names (shared) is quantized once
+    for name, layer in _linear_layers(module):
+        if id(layer.module) in replaced:
+            setattr(layer.parent, layer.attribute, replaced[id(layer.module)])
+            continue
+        out_features, in_features = layer.weight.shape
+        if bits == 4 and in_features % group_size:
+            record["left"][name] = f"its {in_features} inputs are not a multiple of group-size {group_size}"
+            continue
+        weight = layer.weight.detach().to(torch.bfloat16)
+        bias = None if layer.bias is None else layer.bias.detach().to(torch.bfloat16)
+        try:
+            if bits == 8:
+                quantized = int8_tensor.from_hp(weight, per_row())
+                replacement: nn.Module = Int8WeightOnlyLinear(quantized.qdata, quantized.scale.reshape(-1).to(torch.bfloat16), bias)
+            else:
+                quantized = int4_tensor.from_hp(weight, [1, group_size])
+                replacement = Int4WeightOnlyLinear(quantized.qdata, quantized.scale_and_zero, group_size, out_features, bias)
+        except Exception as error:
+            raise ModelBuildError(model.name, step, f"torchao failed on layer {name} ({out_features}x{in_features}): {type(error).__name__}: {error}") from None
+        setattr(layer.parent, layer.attribute, replacement)
+        replaced[id(layer.module)] = replacement
+        record["layers"].append(name)
+    if not record["layers"]:
+        found = f"; left in bfloat16: {record['left']}" if record["left"] else ""
+        raise ModelBuildError(model.name, step, f"the module has no linear layer (nn.Linear, or transformers' Conv1D) to quantize{found}; remove `quantize`")
+    return record
+
+
+def _linear_layers(module: nn.Module) -> list[tuple[str, _Layer]]:
+    """Each nn.Linear and transformers Conv1D (weight stored (in, out)) under
+    `module`, by its qualified name: a layer shared by two parents under each."""
+    layers = []
+    for name, child in module.named_modules(remove_duplicate=False):
+        parent_name, _, attribute = name.rpartition(".")
+        if isinstance(child, nn.Linear):
+            weight = child.weight
+        elif type(child).__name__ == "Conv1D" and isinstance(getattr(child, "weight", None), torch.Tensor) and child.weight.dim() == 2:
+            weight = child.weight.t()
+        else:
+            continue
+        layers.append((name, _Layer(child, module.get_submodule(parent_name), attribute, weight, child.bias)))
+    return layers
+
+
+def _torchao(model: ModelConfig) -> tuple[Any, Any, Any]:
+    """torchao's Int8Tensor, Int4OpaqueTensor and PerRow."""
+    try:
+        from torchao.prototype.quantization.int4.int4_opaque_tensor import Int4OpaqueTensor
+        from torchao.quantization.granularity import PerRow
+        from torchao.quantization.quantize_.workflows.int8.int8_tensor import Int8Tensor
+    except ImportError as error:
+        raise ModelBuildError(
+            model.name,
+            f"quantizing the weights ({model.quantize})",
+            f'quantize = "{model.quantize}" needs torchao in the build environment ({error}); add "hatch-precompile[int8]" (or "{TORCHAO_REQUIREMENT}") to [build-system] requires',
+        ) from None
+    return Int8Tensor, Int4OpaqueTensor, PerRow
