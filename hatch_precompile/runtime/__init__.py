@@ -29,7 +29,7 @@ The modules here, one job each:
   _ops.py            import the libraries that define the model's custom ops
   _lean.py           the lean form: run the output module and kernels directly
   _frozen_tensors.py an int8 variant's frozen constants, rebuilt (its only form is the lean one)
-  _generate.py       greedy generation from a decoder with a KV cache in its state
+  _generate.py       generation from a decoder with a KV cache in its state: greedy, sampled, streamed
   _fork.py           workers forked after a model ran get one thread (OpenMP's pool does not survive fork)
   _artifact.py       the artifact form: unpickle through torch._inductor
   _torch_private.py  every use of torch internals
@@ -66,7 +66,7 @@ from typing import Any
 from . import _artifact, _fork, _lean
 from ._contract import check_inputs, conform_layouts, flatten_call, given_back, unflatten
 from ._errors import PrecompiledFallbackWarning, PrecompiledIntegrityError, PrecompiledModelError
-from ._generate import greedy
+from ._generate import Generating
 from ._manifest import MANIFEST_FORMAT, Choice, Plan, fallback_policy, plan, read_manifest, unavailable, why_artifact_form
 from ._ops import OpLibraryError, import_op_libraries
 from ._schema import ModelEntry, SourceModel
@@ -204,7 +204,7 @@ class _Variants:
         raise ValueError(f"model {self.name!r}: dim {dim!r} is {size}, but it was compiled only for the sizes {self.dims[dim]['buckets']}")
 
 
-class CompiledModel:
+class CompiledModel(Generating):
     """Compiled graphs with weights bound: call it like the module's forward.
 
     A model with state (`state`: the buffers its graphs update in place, such as
@@ -247,15 +247,16 @@ class CompiledModel:
         """A handle on the same graphs and weights with a state of its own, as the build left it."""
         return CompiledModel(self.name, self._model, self._variants, self._initial, self._classes)
 
-    def generate(self, input_ids: Any, max_new_tokens: int, *, stop_token: int | None = None) -> Any:
-        """Greedy generation from a decoder that keeps its KV cache in its state and
-        is called `model(input_ids, cache_position)` (positionally or by keyword)
-        for the prompt and each next token: resets the state, then returns the
-        new tokens, (batch, n) (`_generate.greedy`)."""
-        self.reset()
-        by_keyword = {"input_ids", "cache_position"} <= set(self._inputs["tree"]["children"][1].get("keys", []))
-        call = (lambda ids, positions: self(input_ids=ids, cache_position=positions)) if by_keyword else self
-        return greedy(call, input_ids, max_new_tokens, stop_token)
+    def _decoder_call(self) -> Callable[[Any, Any], Any]:
+        if {"input_ids", "cache_position"} <= set(self._inputs["tree"]["children"][1].get("keys", [])):
+            return lambda ids, positions: self(input_ids=ids, cache_position=positions)
+        return self
+
+    def _cache_positions(self) -> int | None:
+        """The cache's positions: the bound the build found on `cache_position`'s
+        values (the size the graph indexes with them)."""
+        leaf = next((leaf for leaf in self._inputs["leaves"] if leaf["name"] == "cache_position"), None)
+        return None if leaf is None else leaf.get("below")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         flat_inputs, sizes = self._checked(args, kwargs)
@@ -304,7 +305,7 @@ def _fall_back(name: str, how: Plan, state_dict: dict[str, Any] | None, module: 
     return _EagerModel(module.eval(), how.model, how.reason, state)
 
 
-class _EagerModel:
+class _EagerModel(Generating):
     """The module built by its factory, called without autograd like the compiled
     one; with state, as the compiled one: per handle, and `reset()`."""
 
@@ -336,10 +337,8 @@ class _EagerModel:
         handle.reset()
         return handle
 
-    def generate(self, input_ids: Any, max_new_tokens: int, *, stop_token: int | None = None) -> Any:
-        """As `CompiledModel.generate`, calling the module by keyword."""
-        self.reset()
-        return greedy(lambda ids, positions: self(input_ids=ids, cache_position=positions), input_ids, max_new_tokens, stop_token)
+    def _decoder_call(self) -> Callable[[Any, Any], Any]:
+        return lambda ids, positions: self(input_ids=ids, cache_position=positions)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         import torch

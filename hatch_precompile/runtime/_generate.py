@@ -1,38 +1,212 @@
-"""Greedy generation from a decoder with a static KV cache in its state.
+"""Generation from a decoder with a static KV cache in its state.
 
 The decoder is called as such decoders are written for torch.export (and as
 transformers' export wrapper calls them): `model(input_ids, cache_position)`,
-positionally or by keyword, returning logits of shape (batch, seq, vocab). The
-prompt goes in one call, then each new token in a call of its own at the next
-position; the cache in the model's state holds the rest. This is what
-`CompiledModel.generate` runs.
+positionally or by keyword, returning logits of shape (batch, seq, vocab) or the
+last position's alone, (batch, vocab). The prompt goes in one call, then each new
+token in a call of its own at the next position; the cache in the model's state
+holds the rest. `CompiledModel.generate` and `.stream` run this.
+
+Each token is the most likely one (greedy), or is drawn as transformers'
+`generate(do_sample=True)` draws it: the logits divided by `temperature`, then
+top-k, then top-p (the smallest set of tokens whose probability reaches `top_p`,
+at least one), softmax, and one draw by `torch.multinomial`, with the caller's
+`torch.Generator` or one seeded with `seed`, so that a run can be repeated.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 
-def greedy(call: Callable[[Any, Any], Any], input_ids: Any, max_new_tokens: int, stop_token: int | None) -> Any:
-    """The new tokens (batch, n) after the prompt `input_ids` (batch, seq), each the
-    argmax of the last position's logits; n is `max_new_tokens`, or fewer where
-    every row has produced `stop_token` (rows that stopped earlier repeat it).
-    `call(ids, positions)` runs the model on the state it left. The prompt and
-    the tokens must fit the cache: a position past it raises IndexError."""
+@dataclass(frozen=True)
+class TokenChoice:
+    """How each next token is chosen: greedy where `sample` is False."""
+
+    sample: bool = False
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    generator: Any = None  # a torch.Generator for the draws, or None: torch's global one
+
+
+def token_choice(do_sample: bool, temperature: float, top_k: int | None, top_p: float | None, generator: Any, seed: int | None) -> TokenChoice:
+    """The checked arguments of `generate`: ValueError names the one out of range."""
+    import torch
+
+    if not do_sample:
+        if generator is not None or seed is not None:
+            raise ValueError("generator= and seed= draw sampled tokens: pass do_sample=True, or leave them out for greedy tokens")
+        return TokenChoice()
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0 with do_sample=True (it divides the logits), got {temperature!r}; for the most likely token use do_sample=False")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k must be an integer >= 1 (the tokens kept) or None, got {top_k!r}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1] (the probability the kept tokens reach) or None, got {top_p!r}")
+    if generator is not None and seed is not None:
+        raise ValueError("pass generator= or seed=, not both")
+    if seed is not None:
+        generator = torch.Generator().manual_seed(seed)
+    return TokenChoice(True, float(temperature), top_k, top_p, generator)
+
+
+def stop_set(stop_tokens: int | Iterable[int] | None) -> list[int]:
+    """The stop tokens as a list: one token id, several, or none."""
+    if stop_tokens is None:
+        return []
+    tokens = [stop_tokens] if isinstance(stop_tokens, int) else list(stop_tokens)
+    if not all(isinstance(token, int) and not isinstance(token, bool) and token >= 0 for token in tokens):
+        raise ValueError(f"stop_tokens must be a token id or token ids (integers >= 0), got {stop_tokens!r}")
+    return tokens
+
+
+def check_budget(input_ids: Any, max_new_tokens: int, cache_positions: int | None) -> None:
+    """Refuse, before any call, a prompt and new tokens that do not fit the cache:
+    the prompt takes positions 0..n-1 and each new token but the last one more."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+    if getattr(input_ids, "dim", lambda: 0)() != 2 or input_ids.shape[1] == 0:
+        raise ValueError(f"input_ids must be a (batch, length) tensor of token ids with length >= 1, got {getattr(input_ids, 'shape', type(input_ids).__name__)}")
+    length = input_ids.shape[1]
+    if cache_positions is None:
+        return
+    if length > cache_positions:
+        raise ValueError(f"the prompt has {length} tokens, longer than the cache's {cache_positions} positions; shorten it to {cache_positions} tokens or fewer")
+    if length + max_new_tokens - 1 > cache_positions:
+        raise ValueError(
+            f"the prompt's {length} tokens and {max_new_tokens} new ones need {length + max_new_tokens - 1} positions of the cache, which holds "
+            f"{cache_positions}; ask for at most {cache_positions - length + 1} new tokens"
+        )
+
+
+def stream(call: Callable[[Any, Any], Any], input_ids: Any, max_new_tokens: int, how: TokenChoice, stop_tokens: list[int]) -> Iterator[Any]:
+    """Yield each new token, (batch,), as soon as it is chosen: `max_new_tokens`, or
+    fewer where every row has produced one of `stop_tokens` (a row that stopped
+    repeats its stop token). `call(ids, positions)` runs the model on the state
+    it left."""
     import torch
 
     batch, length = input_ids.shape
-    logits = call(input_ids, torch.arange(length))
-    tokens: list[Any] = []
+    stops = torch.tensor(stop_tokens, dtype=torch.long)
     finished = torch.zeros(batch, dtype=torch.bool)
+    stopped_with = torch.zeros(batch, dtype=torch.long)
+    logits = call(input_ids, torch.arange(length))
     for step in range(max_new_tokens):
-        token = logits[:, -1].argmax(-1)
-        if stop_token is not None:
-            token = torch.where(finished, stop_token, token)
-            finished |= token == stop_token
-        tokens.append(token)
+        token = next_token(last_logits(logits, batch), how)
+        if stop_tokens:
+            token = torch.where(finished, stopped_with, token)
+            newly = ~finished & torch.isin(token, stops)
+            stopped_with = torch.where(newly, token, stopped_with)
+            finished |= newly
+        yield token
         if bool(finished.all()) or step == max_new_tokens - 1:
-            break
+            return
         logits = call(token[:, None], torch.tensor([length + step]))
-    return torch.stack(tokens, dim=1) if tokens else input_ids.new_empty((batch, 0))
+
+
+class Generating:
+    """`generate` and `stream` for a loaded decoder (compiled or eager), which
+    provides `reset()`, `_decoder_call()` and `_cache_positions()`."""
+
+    def generate(
+        self,
+        input_ids: Any,
+        max_new_tokens: int,
+        *,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        generator: Any = None,
+        seed: int | None = None,
+        stop_tokens: int | Iterable[int] | None = None,
+    ) -> Any:
+        """Reset the state, then return the new tokens after the prompt `input_ids`
+        (batch, length): (batch, n), n = `max_new_tokens` or fewer where every row
+        has produced one of `stop_tokens` (a row that stopped repeats its stop
+        token). Greedy by default; `do_sample=True` draws each token as
+        transformers does (`temperature`, `top_k`, `top_p`), from `generator` or
+        a generator seeded with `seed`. A prompt and tokens that do not fit the
+        cache, or an argument out of range, raise ValueError before any call."""
+        import torch
+
+        tokens = list(self.stream(input_ids, max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator, seed=seed, stop_tokens=stop_tokens))
+        return torch.stack(tokens, dim=1) if tokens else input_ids.new_empty((input_ids.shape[0], 0))
+
+    def stream(
+        self,
+        input_ids: Any,
+        max_new_tokens: int,
+        *,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        generator: Any = None,
+        seed: int | None = None,
+        stop_tokens: int | Iterable[int] | None = None,
+    ) -> Iterator[Any]:
+        """As `generate`, but an iterator of each new token, (batch,), yielded as
+        soon as it is chosen (for a chat UI). The arguments are checked now; the
+        state is reset when the first token is asked for."""
+        how, stops = token_choice(do_sample, temperature, top_k, top_p, generator, seed), stop_set(stop_tokens)
+        check_budget(input_ids, max_new_tokens, self._cache_positions())
+
+        def tokens() -> Iterator[Any]:
+            self.reset()
+            yield from stream(self._decoder_call(), input_ids, max_new_tokens, how, stops)
+
+        return tokens()
+
+    def reset(self) -> None:
+        raise NotImplementedError
+
+    def _decoder_call(self) -> Callable[[Any, Any], Any]:
+        """`call(input_ids, cache_position)`: the model called as it was captured."""
+        raise NotImplementedError
+
+    def _cache_positions(self) -> int | None:
+        """How many positions the cache holds, where the model says; else None."""
+        return None
+
+
+def last_logits(output: Any, batch: int) -> Any:
+    """The last position's logits, (batch, vocab), of a call's output: logits
+    (batch, seq, vocab) or (batch, vocab), alone or as an output's `logits`."""
+    logits = output
+    if not hasattr(output, "dim"):
+        logits = output.get("logits") if isinstance(output, dict) else getattr(output, "logits", None)
+    if not hasattr(logits, "dim") or logits.dim() not in (2, 3) or logits.shape[0] != batch or not logits.is_floating_point():
+        found = tuple(logits.shape) if hasattr(logits, "shape") else type(output).__name__
+        raise ValueError(f"generate needs the model to return logits of shape (batch, seq, vocab) or (batch, vocab) for a batch of {batch}, alone or as `logits`; it returned {found}")
+    return logits[:, -1] if logits.dim() == 3 else logits
+
+
+def next_token(logits: Any, how: TokenChoice) -> Any:
+    """The chosen token of each row of `logits` (batch, vocab)."""
+    import torch
+
+    if not how.sample:
+        return logits.argmax(-1)
+    return torch.multinomial(probabilities(logits, how), 1, generator=how.generator)[:, 0]
+
+
+def probabilities(logits: Any, how: TokenChoice) -> Any:
+    """What sampling draws from: the softmax of the float32 logits over the
+    temperature, less the tokens top-k and then top-p leave out (transformers'
+    TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper, in that order)."""
+    import torch
+
+    scores = logits.float() / how.temperature
+    if how.top_k is not None and how.top_k < scores.shape[-1]:
+        kth = torch.topk(scores, how.top_k, dim=-1).values[..., -1:]
+        scores = scores.masked_fill(scores < kth, -float("inf"))
+    if how.top_p is not None and how.top_p < 1:
+        ascending, order = torch.sort(scores, descending=False, dim=-1)
+        drop = ascending.softmax(-1).cumsum(-1) <= 1 - how.top_p
+        drop[..., -1:] = False  # the most likely token always stays
+        scores = scores.masked_fill(drop.scatter(-1, order, drop), -float("inf"))
+    return scores.softmax(-1)
