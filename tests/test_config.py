@@ -249,18 +249,47 @@ def test_int8_quantization_parses_and_its_conflicts_are_named() -> None:
     assert config.models["m"].quantize == "int8" and config.models["m"].calibration == "mypkg.data:batches"
     assert parse_config({"models": {"m": model(quantize="int8")}}).models["m"].calibration is None
     path = f"{T}.models.m"
-    assert problems({"models": {"m": model(quantize="int4")}}) == [f"{path}.quantize: expected one of 'int8', found a string 'int4' (did you mean 'int8'?)"]
-    assert problems({"models": {"m": model(calibration="mypkg.data:batches")}}) == [f'{path}.calibration: sets the int8 scales, so it needs `quantize = "int8"`; add that or remove it']
+    assert problems({"models": {"m": model(quantize="int4")}}) == [f"{path}.quantize: expected one of 'int8', 'int8-weight-only', 'int4-weight-only', found a string 'int4' (did you mean 'int8'?)"]
+    assert problems({"models": {"m": model(calibration="mypkg.data:batches")}}) == [f'{path}.calibration: sets the int8 activation scales, so it needs `quantize = "int8"`; add that or remove it']
     assert problems({"models": {"m": model(quantize="int8", calibration="batches")}}) == [f"{path}.calibration: expected 'module:callable', found 'batches'"]
-    assert problems({"models": {"m": model(quantize="int8", dtype="bfloat16")}}) == [f"{path}.dtype: is 'bfloat16', but `quantize` quantizes the float32 module; remove one of the two"]
+    assert problems({"models": {"m": model(quantize="int8", dtype="bfloat16")}}) == [f"{path}.dtype: is 'bfloat16', but `quantize = \"int8\"` quantizes the float32 module; remove one of the two"]
     assert parse_config({"models": {"m": model(quantize="int8", weights="factory")}}).models["m"].weights == "factory"
+
+
+def test_weight_only_quantization_parses_and_its_conflicts_are_named() -> None:
+    """The weight-only schemes need bfloat16 activations (the reason is said),
+    the shipped weights, and no calibration; group-size goes with int4 alone."""
+    int4 = parse_config({"models": {"m": model(quantize="int4-weight-only", dtype="bfloat16", **{"group-size": 32})}}).models["m"]
+    assert int4.weight_only and int4.group_size == 32
+    int8 = parse_config({"models": {"m": model(quantize="int8-weight-only", dtype="bfloat16", accuracy={"min-token-agreement": 0.95})}}).models["m"]
+    assert int8.weight_only and int8.group_size is None and int8.accuracy.min_token_agreement == 0.95
+    path = f"{T}.models.m"
+    (float32,) = problems({"models": {"m": model(quantize="int8-weight-only")}})
+    assert float32.startswith(f"{path}.dtype: is unset (float32), but `quantize = 'int8-weight-only'` needs `dtype = \"bfloat16\"`")
+    assert "the CPU kernels for 8- and 4-bit weights are fast only with bfloat16 activations" in float32
+    assert "1.3-2.9x slower than plain float32" in float32
+    assert problems({"models": {"m": model(quantize="int8-weight-only", dtype="bfloat16", **{"group-size": 32})}}) == [
+        f'{path}.group-size: is the int4 weights\' group size, so it needs `quantize = "int4-weight-only"`; add that or remove it'
+    ]
+    assert problems({"models": {"m": model(quantize="int4-weight-only", dtype="bfloat16", **{"group-size": 48})}}) == [
+        f"{path}.group-size: expected one of 32, 64, 128 (the CPU kernel's group sizes), found an integer 48"
+    ]
+    assert problems({"models": {"m": model(quantize="int4-weight-only", dtype="bfloat16", calibration="mypkg.data:batches")}}) == [
+        f'{path}.calibration: sets the int8 activation scales, so it needs `quantize = "int8"`; add that or remove it'
+    ]
+    assert problems({"models": {"m": model(quantize="int4-weight-only", dtype="bfloat16", weights="factory")}}) == [
+        f'{path}.weights: is "factory", but the factory gives float weights and the graph takes the quantized ones the build made; ship them: `weights = "embed"`'
+    ]
+    assert problems({"models": {"m": model(accuracy={"min-token-agreement": 1.5})}}) == [
+        f"{path}.accuracy.min-token-agreement: expected a number in (0, 1]: the share of positions whose most likely token is float32's, found a float 1.5"
+    ]
 
 
 def test_the_documented_keys_are_these() -> None:
     assert {"package", "fallback", "cpu-targets", "jobs", "remote-cache", "remote-cache-mode", "models.<name>"} == set(TABLE_KEYS)
     assert set(model_keys()) == {
         "factory", "inputs", "kwargs", "example-inputs", "example-steps", "dims", "weights", "dtype",
-        "options", "fallback", "cpu-targets", "accuracy", "outputs", "quantize", "calibration",
+        "options", "fallback", "cpu-targets", "accuracy", "outputs", "quantize", "group-size", "calibration",
     }  # fmt: skip
 
 

@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 import torch
 
-from conftest import REPO
 from hatch_precompile.runtime._generate import Generating, TokenChoice, probabilities
+
+from conftest import REPO
 
 spec = importlib.util.spec_from_file_location("state_models", REPO / "tests" / "stateful" / "models.py")
 assert spec is not None and spec.loader is not None

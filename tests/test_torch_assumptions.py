@@ -765,3 +765,59 @@ def test_a_cache_update_compiles_in_place_with_no_copy_of_the_cache() -> None:
             torch.testing.assert_close(outputs[0], eager(*args), rtol=1e-5, atol=1e-5)
     for name, tensor in zip(names, weights):
         torch.testing.assert_close(tensor, dict(eager.named_buffers())[name])
+
+
+# -- torch_internals.low_bit: the kernels behind weight-only int8 and int4 --
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4-32", "int4-64", "int4-128"])
+def test_the_weight_only_layers_compute_what_torchaos_own_linear_does(scheme: str) -> None:
+    """worker/weight_only.py reads torchao's tensor data (qdata, scale,
+    scale_and_zero) and calls torch's kernel itself: the same numbers as
+    F.linear on torchao's tensor."""
+    from torchao.prototype.quantization.int4.int4_opaque_tensor import Int4OpaqueTensor
+    from torchao.quantization.granularity import PerRow
+    from torchao.quantization.quantize_.workflows.int8.int8_tensor import Int8Tensor
+
+    from hatch_precompile.worker.weight_only import Int4WeightOnlyLinear, Int8WeightOnlyLinear
+
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(384, 256, generator=generator).to(torch.bfloat16)
+    bias = torch.randn(384, generator=generator).to(torch.bfloat16)
+    x = torch.randn(3, 5, 256, generator=generator).to(torch.bfloat16)
+    if scheme == "int8":
+        quantized = Int8Tensor.from_hp(weight, PerRow())
+        layer: nn.Module = Int8WeightOnlyLinear(quantized.qdata, quantized.scale.reshape(-1).to(torch.bfloat16), bias)
+    else:
+        group = int(scheme.split("-")[1])
+        quantized = Int4OpaqueTensor.from_hp(weight, [1, group])
+        layer = Int4WeightOnlyLinear(quantized.qdata, quantized.scale_and_zero, group, 384, bias)
+    with torch.no_grad():
+        ours, torchaos = layer(x), nn.functional.linear(x, quantized, bias)
+    assert ours.dtype == torch.bfloat16 and ours.shape == (3, 5, 384)
+    # int8: torchao rounds its float32 scales to bfloat16 after the product, the kernel before it
+    tolerance = {"rtol": 0.02, "atol": 0.05} if scheme == "int8" else {"rtol": 0, "atol": 0}
+    torch.testing.assert_close(ours, torchaos, **tolerance)
+
+
+@pytest.mark.parametrize(("scheme", "kernel"), [("int8", "torch.ops.aten._weight_int8pack_mm"), ("int4", "torch.ops.quantized.int4mm_packed_weight_cpu")])
+def test_a_weight_only_layer_compiles_to_its_kernel_with_no_constant(scheme: str, kernel: str) -> None:
+    """The compiled graph calls the kernel with the weights as inputs and freezes
+    no constant (inductor's lowering of aten._weight_int4pack_mm_for_cpu would:
+    the group size), so its output module runs alone, in the lean form."""
+    from hatch_precompile.worker.weight_only import Int4WeightOnlyLinear, Int8WeightOnlyLinear
+
+    generator = torch.Generator().manual_seed(0)
+    if scheme == "int8":
+        layer: nn.Module = Int8WeightOnlyLinear(torch.randint(-127, 127, (64, 32), dtype=torch.int8, generator=generator), torch.rand(64).to(torch.bfloat16), None)
+    else:
+        weight = torch.randint(0, 16, (64, 32), dtype=torch.int32, generator=generator)
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(weight, 1)
+        layer = Int4WeightOnlyLinear(packed, torch.rand(1, 64, 2).to(torch.bfloat16), 32, 64, None)
+    x = torch.randn(2, 7, 32).to(torch.bfloat16)
+    exported = torch_internals.decompose(torch.export.export(layer.eval(), (x,), dynamic_shapes=({1: torch.export.Dim("seq", min=1, max=64)},)))
+    artifact = torch_internals.compile_exported(exported, {})
+    source, _, refused = torch_internals.output_module(artifact, set())
+    assert refused == "" and kernel in source, refused or source
+    with torch.no_grad():
+        torch.testing.assert_close(artifact(*[b for _, b in layer.named_buffers()], x)[0], layer(x), rtol=0.02, atol=0.02)

@@ -9,6 +9,7 @@ import csv
 import hashlib
 import io
 import json
+import math
 import zipfile
 import zlib
 from collections.abc import Mapping
@@ -19,7 +20,7 @@ from typing import Any
 
 from ..backend.distfiles import record_hash
 from ..runtime._layout import BUILD_MODULE, MANIFEST_FILE, PRECOMPILED_DIR
-from ..runtime._schema import ArtifactEntry, BuiltWith, Manifest, ModelEntry, has_lean_form, is_lean_only
+from ..runtime._schema import ArtifactEntry, BuiltWith, Manifest, ModelEntry, WeightSpec, has_lean_form, is_lean_only
 from ._common import FAILED, OK, CommandError, field_lines, print_json, table
 
 
@@ -133,6 +134,8 @@ def inspect(args: argparse.Namespace) -> int:
     Also the torch the wheel requires and its platform tag. An artifact's size is
     its own and its kernels'; its load forms are "lean + artifact", "artifact
     only" and why the build refused the lean form, or, for int8, "lean only".
+    Then, per model, its precision (and quantized layers) and its state: the
+    buffers each handle holds a copy of, with their bytes.
 
     Reads the wheel as a zip file; installs, imports and verifies nothing (see
     `verify`).
@@ -141,9 +144,9 @@ def inspect(args: argparse.Namespace) -> int:
     """
     wheel = open_wheel(args.wheel)
     manifest = wheel.raw_manifest()
-    summary, rows = _wheel_summary(wheel, manifest), _artifact_rows(manifest)
+    summary, rows, models = _wheel_summary(wheel, manifest), _artifact_rows(manifest), _model_rows(manifest)
     if args.json:
-        print_json({**summary, "artifacts": rows})
+        print_json({**summary, "artifacts": rows, "models": models})
         return OK
     print(wheel.path.name)
     fields = {
@@ -156,7 +159,51 @@ def inspect(args: argparse.Namespace) -> int:
     print()
     header = ["model", "artifact", "CPU target", "shape variant", "size", "load forms"]
     print(table(header, [[r["model"], r["artifact"], r["cpu_target"], r["shape"], _human(r["size"]), _forms_text(r)] for r in rows]))
+    print()
+    for name, model in models.items():
+        print(f"{name}: {_precision_text(model)}")
+        if model["state"]:
+            buffers = ", ".join(f"{s['name']} ({'x'.join(map(str, s['shape']))} {s['dtype']})" for s in model["state"])
+            print(f"  state: {buffers}; {_human(model['state_bytes_per_handle'])} per handle")
     return OK
+
+
+def _model_rows(manifest: Manifest) -> dict[str, dict[str, Any]]:
+    """Per model: its precision, its quantized layers (weight-only schemes) and its
+    state (the buffers each handle holds a copy of)."""
+    models = {}
+    for name, model in sorted(manifest["models"].items()):
+        specs = model["weights"]["specs"]
+        state: list[dict[str, Any]] = [{"name": buffer, "shape": specs[buffer]["shape"], "dtype": specs[buffer]["dtype"], "bytes": _bytes(specs[buffer])} for buffer in model["state"]]
+        quantization = model.get("quantization")
+        models[name] = {
+            "precision": model["quantize"] or model["dtype"] or "float32",
+            "quantized_layers": quantization["layers"] if quantization else [],
+            "left_in_bfloat16": quantization["left"] if quantization else {},
+            "group_size": quantization.get("group_size") if quantization else None,
+            "state": state,
+            "state_bytes_per_handle": sum(s["bytes"] for s in state),
+        }
+    return models
+
+
+ITEM_SIZES = {"float64": 8, "int64": 8, "float32": 4, "int32": 4, "bfloat16": 2, "float16": 2, "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
+
+
+def _bytes(spec: WeightSpec) -> int:
+    """A tensor's bytes, without importing torch (inspect reads the zip alone)."""
+    return math.prod(spec["shape"]) * ITEM_SIZES[spec["dtype"]]
+
+
+def _precision_text(model: dict[str, Any]) -> str:
+    precision = model["precision"]
+    if precision == "int8":
+        return "int8 weights and activations (PT2E, calibrated)"
+    if not model["quantized_layers"]:
+        return str(precision)
+    group = f" (group size {model['group_size']})" if model["group_size"] else ""
+    left = f", {len(model['left_in_bfloat16'])} left in bfloat16" if model["left_in_bfloat16"] else ""
+    return f"{precision.split('-')[0]} weights{group}, bfloat16 activations; {len(model['quantized_layers'])} linear layers quantized{left}"
 
 
 def _wheel_summary(wheel: Wheel, manifest: Manifest) -> dict[str, Any]:

@@ -232,7 +232,7 @@ class ModelConfig:
             "table",
             "by `dtype`",
             "`{ max-relative-error = 0.04, min-cosine = 0.999, max-element-error = 1e-4 }`: the worst each floating output may be"
-            " against the float32 model (see [Accuracy checks](#accuracy-checks)); a bound left out keeps its default",
+            " against the float32 model, and `min-token-agreement` for weight-only decoders (see [Accuracy checks](#accuracy-checks)); a bound left out keeps its default",
             to_plain=lambda bounds: {k: v for k, v in vars(bounds).items() if v is not None},
             from_plain=lambda data: AccuracyBounds(**data),
         ),

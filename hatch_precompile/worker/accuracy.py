@@ -223,9 +223,11 @@ def check_steps(model: ModelConfig, captured: Captured, outputs: list[list[Any]]
             raise ModelBuildError(model.name, "checking the state against eager", message) from None
     if not (model.weight_only and captured.state):
         return None
-    reference = captured.reference_run
+    # A module built in bfloat16 by its factory has no float32 one: then its own eager run.
+    reference = captured.reference_run if captured.reference is not None else eager_calls
+    against = "float32 eager" if captured.reference is not None else "eager"
     calls = [
-        check_accuracy(model, compiled, eager, float32, f"on call {index + 1} of the build's check")["outputs"]
+        check_accuracy(model, compiled, eager, float32 if captured.reference is not None else None, f"on call {index + 1} of the build's check")["outputs"]
         for index, (compiled, eager, float32) in enumerate(zip(outputs[1:], eager_calls[1:], reference[1:]), start=1)
     ]
     agreement = token_agreement(outputs, reference)
@@ -235,10 +237,10 @@ def check_steps(model: ModelConfig, captured: Captured, outputs: list[list[Any]]
         raise ModelBuildError(
             model.name,
             "checking accuracy",
-            f"the most likely token equals float32's at {agreement['agreed']} of {agreement['positions']} positions of the build's "
+            f"the most likely token equals {against}'s at {agreement['agreed']} of {agreement['positions']} positions of the build's "
             f"{len(outputs)} calls ({share:.3g} < min-token-agreement {bound}). {_advice(model, {}, bounds_for(model))}",
         )
-    return {"against": "float32 eager", "outputs": [], "calls": calls, "token_agreement": agreement}
+    return {"against": against, "outputs": [], "calls": calls, "token_agreement": agreement}
 
 
 def token_agreement(outputs: list[list[Any]], reference: list[list[Any]]) -> TokenAgreement:

@@ -13,6 +13,7 @@ import difflib
 import functools
 import importlib
 import inspect
+import itertools
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -130,7 +131,10 @@ def import_callable(model: str, key: str, spec: str) -> Any:
 def build_module(model: ModelConfig) -> tuple[torch.nn.Module, torch.nn.Module | None]:
     """The factory's module, in eval mode, converted to the model's `dtype` if set;
     and, for a bfloat16, float16 or int8 model, the float32 module it was converted
-    from (for a dtype, a copy: converting works in place), to check its accuracy against."""
+    from (for a dtype, a copy: converting works in place), to check its accuracy
+    against. A factory may return the module in its `dtype` already (a module
+    whose buffers other objects hold, as transformers' static cache does, cannot
+    be converted after it is made): there is then no float32 module to check against."""
     factory = import_callable(model.name, "factory", model.factory)
     try:
         module = factory()
@@ -144,7 +148,8 @@ def build_module(model: ModelConfig) -> tuple[torch.nn.Module, torch.nn.Module |
         )
     module.eval()
     reference = None
-    if model.dtype in ("bfloat16", "float16"):
+    floating = [t for t in itertools.chain(module.parameters(), module.buffers()) if t.is_floating_point()]
+    if model.dtype in ("bfloat16", "float16") and any(t.dtype != getattr(torch, model.dtype) for t in floating):
         reference = copy.deepcopy(module)
     elif model.quantize == "int8":
         reference = module  # int8 is quantized from a copy the export makes; the module itself stays float32

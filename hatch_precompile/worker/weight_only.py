@@ -107,6 +107,9 @@ def quantize_weights(model: ModelConfig, module: nn.Module) -> QuantizationRecor
             setattr(layer.parent, layer.attribute, replaced[id(layer.module)])
             continue
         out_features, in_features = layer.weight.shape
+        if isinstance(layer.parent, nn.MultiheadAttention):
+            record["left"][name] = "nn.MultiheadAttention reads this layer's weight itself instead of calling it"
+            continue
         if bits == 4 and in_features % group_size:
             record["left"][name] = f"its {in_features} inputs are not a multiple of group-size {group_size}"
             continue
