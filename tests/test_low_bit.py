@@ -49,17 +49,18 @@ def encoder() -> nn.Module:
 
 
 # transformers' static cache keeps its tensors in objects that `.to()` does not
-# reach: the LM is made in bfloat16 before it is wrapped.
-def llama_bf16() -> nn.Module:
-    return _static_cache(llama_lm().to(torch.bfloat16))
+# reach: a factory that takes `dtype` makes the LM in it before wrapping it (and
+# the build calls it again without, for the float32 module it checks against).
+def llama_in(dtype=torch.float32) -> nn.Module:
+    return _static_cache(llama_lm().to(dtype))
 
 
-def qwen3_bf16() -> nn.Module:
-    return _static_cache(qwen3_lm().to(torch.bfloat16))
+def qwen3_in(dtype=torch.float32) -> nn.Module:
+    return _static_cache(qwen3_lm().to(dtype))
 
 
-def gpt2_bf16() -> nn.Module:
-    return _static_cache(gpt2_lm().to(torch.bfloat16))
+def gpt2_in(dtype=torch.float32) -> nn.Module:
+    return _static_cache(gpt2_lm().to(dtype))
 '''
 MODELS = (REPO / "tests" / "stateful" / "models.py").read_text() + ENCODER
 UNBOUNDED_TOKENS = "accuracy = { min-token-agreement = 0.01 }  # random weights: near-tie logits"
@@ -74,10 +75,10 @@ dims = { seq = { min = 1, max = 48, axes = ["input_ids:1", "cache_position:0"] }
 MODELS_BUILT = [
     ("decoder_int8", "decoder", "int8-weight-only", None),
     ("decoder_int4", "decoder", "int4-weight-only", 32),
-    ("llama_int8", "llama_bf16", "int8-weight-only", None),
-    ("llama_int4", "llama_bf16", "int4-weight-only", 32),
-    ("qwen3_int4", "qwen3_bf16", "int4-weight-only", 32),
-    ("gpt2_int8", "gpt2_bf16", "int8-weight-only", None),
+    ("llama_int8", "llama_in", "int8-weight-only", None),
+    ("llama_int4", "llama_in", "int4-weight-only", 32),
+    ("qwen3_int4", "qwen3_in", "int4-weight-only", 32),
+    ("gpt2_int8", "gpt2_in", "int8-weight-only", None),
 ]
 
 
@@ -168,7 +169,8 @@ def _eager(name: str, manifest: dict) -> torch.nn.Module:
     spec.loader.exec_module(models)
     exec(ENCODER, models.__dict__)
     model = parse_config({"package": "lowbit", "models": tomllib.loads(PROJECT)["models"]}).models[name]
-    module = getattr(models, model.factory.split(":")[1])().to(torch.bfloat16)
+    factory = getattr(models, model.factory.split(":")[1])
+    module = factory(dtype=torch.bfloat16) if model.factory.endswith("_in") else factory().to(torch.bfloat16)
     if model.weight_only:
         assert quantize_weights(model, module)["layers"] == manifest["models"][name]["quantization"]["layers"]
     return module

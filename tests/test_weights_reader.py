@@ -40,6 +40,30 @@ def test_every_dtype_and_shape_reads_as_the_safetensors_library_reads_it(tmp_pat
         assert ours[name].dtype == tensor.dtype and ours[name].shape == tensor.shape and torch.equal(ours[name], tensor), name
 
 
+def test_the_builds_writer_aligns_every_tensor_and_the_library_reads_its_file(tmp_path: Path) -> None:
+    """worker/weights.py writes each tensor at a multiple of 64 bytes (gaps filled
+    with padding tensors the loader skips): an int8 weight at an odd offset, where
+    safetensors' own writer puts it, crashed torch's int8-weight matrix product."""
+    from hatch_precompile.worker.weights import ALIGNMENT, write_aligned
+
+    tensors = {
+        "odd": torch.randn(3, dtype=torch.bfloat16),
+        "weight_int8": torch.randint(-127, 127, (96, 33), dtype=torch.int8),
+        "scalar": torch.tensor(2.5),
+        "empty": torch.zeros(0, 3),
+        "flag": torch.tensor(True),
+        "packed": torch.randint(0, 255, (7, 5), dtype=torch.uint8),
+        "double": torch.randn(2, dtype=torch.float64),
+    }
+    path = tmp_path / "w.safetensors"
+    write_aligned(tensors, path)
+    ours, theirs = safetensors_views(mapped(path), path), load_file(str(path))
+    assert list(ours) == list(tensors) and set(theirs) - set(ours) == {n for n in theirs if n.startswith("__padding__")}
+    for name, tensor in tensors.items():
+        assert torch.equal(ours[name], tensor) and torch.equal(theirs[name], tensor), name
+        assert tensor.numel() == 0 or ours[name].data_ptr() % ALIGNMENT == 0, name
+
+
 def _file(tmp_path: Path, header: dict, data: bytes) -> Path:
     encoded = json.dumps(header).encode()
     path = tmp_path / "bad.safetensors"

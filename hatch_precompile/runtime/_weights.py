@@ -21,6 +21,9 @@ _DTYPES = {
     "U16": "uint16", "U32": "uint32", "U64": "uint64", "F16": "float16", "BF16": "bfloat16",
     "F32": "float32", "F64": "float64", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
 }  # fmt: skip
+SAFETENSORS_DTYPES = {torch_name: name for name, torch_name in _DTYPES.items()}
+# The build's writer fills the gaps that align each tensor with uint8 tensors so named.
+PADDING_PREFIX = "__padding__"
 
 
 def read_weights(weights: WeightsEntry) -> dict[str, Any]:
@@ -46,7 +49,7 @@ def safetensors_views(mapping: Any, path: Path) -> dict[str, Any]:
         header = json.loads(mapping[8 : 8 + length])
         tensors = {}
         for name, info in header.items():
-            if name == "__metadata__":
+            if name == "__metadata__" or name.startswith(PADDING_PREFIX):
                 continue
             dtype = getattr(torch, _DTYPES[info["dtype"]])
             (begin, end), count = info["data_offsets"], math.prod(info["shape"])

@@ -132,30 +132,38 @@ def build_module(model: ModelConfig) -> tuple[torch.nn.Module, torch.nn.Module |
     """The factory's module, in eval mode, converted to the model's `dtype` if set;
     and, for a bfloat16, float16 or int8 model, the float32 module it was converted
     from (for a dtype, a copy: converting works in place), to check its accuracy
-    against. A factory may return the module in its `dtype` already (a module
-    whose buffers other objects hold, as transformers' static cache does, cannot
-    be converted after it is made): there is then no float32 module to check against."""
+    against. A factory with a `dtype` parameter is called with the model's dtype,
+    and again without it for the float32 module: a module whose buffers other
+    objects also hold, as transformers' static cache does, cannot be converted
+    once made. One that returns its module in the dtype already has no float32
+    module to check against."""
     factory = import_callable(model.name, "factory", model.factory)
-    try:
-        module = factory()
-    except Exception:
-        raise ModelBuildError(model.name, f"calling factory {model.factory!r}", traceback.format_exc()) from None
-    if not isinstance(module, torch.nn.Module):
-        raise ModelBuildError(
-            model.name,
-            f"calling factory {model.factory!r}",
-            f"expected it to return a torch.nn.Module, got {type(module).__module__}.{type(module).__qualname__}",
-        )
-    module.eval()
+    dtype = getattr(torch, model.dtype) if model.dtype else None
+    makes_dtype = dtype is not None and "dtype" in inspect.signature(factory).parameters
+    module = _call_factory(model, factory, {"dtype": dtype} if makes_dtype else {})
     reference = None
     floating = [t for t in itertools.chain(module.parameters(), module.buffers()) if t.is_floating_point()]
-    if model.dtype in ("bfloat16", "float16") and any(t.dtype != getattr(torch, model.dtype) for t in floating):
+    if makes_dtype and dtype != torch.float32:
+        reference = _call_factory(model, factory, {})
+    elif model.dtype in ("bfloat16", "float16") and any(t.dtype != dtype for t in floating):
         reference = copy.deepcopy(module)
     elif model.quantize == "int8":
         reference = module  # int8 is quantized from a copy the export makes; the module itself stays float32
-    if model.dtype:
-        module = module.to(getattr(torch, model.dtype))
+    if dtype is not None:
+        module = module.to(dtype)
     return module, reference
+
+
+def _call_factory(model: ModelConfig, factory: Any, kwargs: dict[str, Any]) -> torch.nn.Module:
+    """The factory's module, in eval mode; a failure or another return type stops the build."""
+    called = f"calling factory {model.factory!r}" + (f" with dtype={kwargs['dtype']}" if kwargs else "")
+    try:
+        module = factory(**kwargs)
+    except Exception:
+        raise ModelBuildError(model.name, called, traceback.format_exc()) from None
+    if not isinstance(module, torch.nn.Module):
+        raise ModelBuildError(model.name, called, f"expected it to return a torch.nn.Module, got {type(module).__module__}.{type(module).__qualname__}")
+    return module.eval()
 
 
 def capture(model: ModelConfig, module: torch.nn.Module, fixed: dict[str, int], reference: torch.nn.Module | None = None) -> Captured:

@@ -113,7 +113,7 @@ def quantize_weights(model: ModelConfig, module: nn.Module) -> QuantizationRecor
         if bits == 4 and in_features % group_size:
             record["left"][name] = f"its {in_features} inputs are not a multiple of group-size {group_size}"
             continue
-        weight = layer.weight.detach().to(torch.bfloat16)
+        weight = layer.weight.detach().to(torch.bfloat16).contiguous()  # Conv1D's is a transposed view; the kernels take rows
         bias = None if layer.bias is None else layer.bias.detach().to(torch.bfloat16)
         try:
             if bits == 8:

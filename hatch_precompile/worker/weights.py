@@ -2,10 +2,15 @@
 
 The compiled graph takes parameters, buffers and constants as call arguments, so
 they are stored once per model, as safetensors, whatever the number of artifacts.
+The loader maps the file and views each tensor in place, so each tensor's data
+starts at a multiple of ALIGNMENT bytes: some kernels that compiled code calls
+need aligned operands (torch's int8-weight matrix product crashed on an int8
+weight at an odd offset, where safetensors' own writer puts the narrow dtypes).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +19,11 @@ import torch
 from ..engine.model_config import ModelConfig
 from ..runtime._layout import WEIGHTS_FILE
 from ..runtime._schema import WeightsEntry
+from ..runtime._weights import PADDING_PREFIX, SAFETENSORS_DTYPES
 from .capture import Captured
 
 _LIFTED_KINDS = ("PARAMETER", "BUFFER", "CONSTANT_TENSOR")
+ALIGNMENT = 64  # bytes: a cache line, what torch's allocator gives and torch.save aligns storages to
 
 
 def lifted_weights(captured: Captured) -> dict[str, torch.Tensor]:
@@ -40,8 +47,6 @@ def save_weights(model: ModelConfig, captured: Captured, out_dir: Path) -> Weigh
         "specs": {n: {"kind": kinds[n], "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")} for n, t in tensors.items()},
     }
     if shipped:
-        from safetensors.torch import save_file
-
         # Tied weights are lifted once per name but are one tensor: store it once.
         first_name: dict[tuple[Any, ...], str] = {}
         aliases = {}
@@ -51,9 +56,7 @@ def save_weights(model: ModelConfig, captured: Captured, out_dir: Path) -> Weigh
                 aliases[n] = first_name[identity]
             else:
                 first_name[identity] = n
-        # safetensors refuses tensors that share memory (views): store copies.
-        unique = {n: t.contiguous().clone() for n, t in shipped.items() if n not in aliases}
-        save_file(unique, str(out_dir / WEIGHTS_FILE))
+        write_aligned({n: t for n, t in shipped.items() if n not in aliases}, out_dir / WEIGHTS_FILE)
         entry["file"], entry["aliases"] = WEIGHTS_FILE, aliases
     return entry
 
@@ -61,3 +64,29 @@ def save_weights(model: ModelConfig, captured: Captured, out_dir: Path) -> Weigh
 def _lifted_tensor(exported: torch.export.ExportedProgram, target: str) -> torch.Tensor:
     tensor: torch.Tensor = exported.state_dict[target] if target in exported.state_dict else exported.constants[target]
     return tensor.detach()
+
+
+def write_aligned(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """Write `tensors` as a safetensors file whose every tensor's data starts at a
+    multiple of ALIGNMENT bytes from the file's start. The format allows no holes
+    between tensors, so each gap is a uint8 tensor named with PADDING_PREFIX (the
+    loader skips those); the header's JSON is padded with spaces, as safetensors'
+    own writer pads it. Any safetensors reader reads the file."""
+    header: dict[str, Any] = {}
+    chunks: list[bytes] = []
+    offset = 0
+    for name, tensor in tensors.items():
+        data = tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        if gap := -offset % ALIGNMENT:
+            header[f"{PADDING_PREFIX}{len(header)}"] = {"dtype": "U8", "shape": [gap], "data_offsets": [offset, offset + gap]}
+            chunks.append(bytes(gap))
+            offset += gap
+        dtype = SAFETENSORS_DTYPES[str(tensor.dtype).removeprefix("torch.")]
+        header[name] = {"dtype": dtype, "shape": list(tensor.shape), "data_offsets": [offset, offset + len(data)]}
+        chunks.append(data)
+        offset += len(data)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-(8 + len(text)) % ALIGNMENT)  # the data starts aligned too
+    with open(path, "wb") as file:
+        file.write(len(text).to_bytes(8, "little") + text)
+        file.writelines(chunks)
