@@ -5,7 +5,8 @@ decoder's own loop; sampling's probabilities against transformers' warpers, and
 seeded sampling against transformers' `generate`; stop tokens, streaming,
 decoders that return the last position's logits, and the bad inputs, refused
 before any call. The same code runs in every wheel: tests/test_state.py and
-tests/test_low_bit.py run it from installed wheels."""
+tests/test_low_bit.py run it from installed wheels. Also what `explain` says of
+a bfloat16 model on a CPU that cannot run it fast."""
 
 from __future__ import annotations
 
@@ -154,3 +155,14 @@ def test_a_decoder_whose_output_is_not_logits_is_refused_with_what_it_returned()
 
     with pytest.raises(ValueError, match=r"generate needs the model to return logits of shape \(batch, seq, vocab\) or \(batch, vocab\) for a batch of 2.*returned \(2,\)"):
         Eager(Hidden(), None).generate(prompt(2, 5), 3)
+
+
+def test_explain_says_where_the_cpu_cannot_run_bfloat16_fast() -> None:
+    """A bfloat16 model (weight-only ones included) on a CPU without AVX512-BF16
+    or AMX runs correctly but emulated: explain() says so; elsewhere nothing."""
+    from hatch_precompile.runtime import slow_precision
+
+    avx2 = frozenset({"avx", "avx2", "fma3"})
+    assert "neither AVX512-BF16 nor AMX" in slow_precision("bfloat16", avx2) and "correct" in slow_precision("bfloat16", avx2)
+    assert slow_precision("bfloat16", avx2 | {"avx512_bf16"}) == slow_precision("bfloat16", avx2 | {"amx_bf16"}) == ""
+    assert slow_precision(None, avx2) == slow_precision("float32", avx2) == ""
