@@ -151,8 +151,16 @@ install_decoder() {  # after install_example: adds decoder_bench (a 92 M decoder
 bench_decode() {
   install_example
   install_decoder
+  # The weight-only models' eager module is quantized as the build quantizes it
+  # (hatch_precompile.worker.weight_only, torchao computing the weights): the
+  # plugin, from the wheel built above, and torchao go to a folder of their own,
+  # on PYTHONPATH in those processes only, so that every other case runs in the
+  # wheel's environment (torch and the package; no numpy, which the plugin's own
+  # requirements would bring and `import torch` would then load).
+  local plugin=("$DEMO"/wheelhouse/hatch_precompile-*.whl)
+  "$DEMO/venv/bin/python" -m pip install --disable-pip-version-check -q --no-deps --target "$DEMO/quantizer" "${plugin[0]}" "torchao>=0.18,<0.19"
   echo "== decode benchmark (several minutes: torch.compile and AOTInductor compile each model once at setup)"
-  "$DEMO/venv/bin/python" benchmarks/decode.py "$@"
+  "$DEMO/venv/bin/python" benchmarks/decode.py --quantizer "$DEMO/quantizer" "$@"
 }
 
 bench_fork() {

@@ -2,7 +2,7 @@
 
 Run it in an environment where the example wheel and benchmarks/decoder's wheel
 (package decoder_bench) are installed: `./dev.sh bench-decode` builds both and runs
-this. Models (--models, all three by default): a Llama-style decoder of 92 M
+this. Models (--models, all five by default): a Llama-style decoder of 92 M
 parameters (6 layers, 768 wide, 12 heads of 64, RMSNorm, rotary positions, SwiGLU
 2048, vocabulary 32000), its KV cache in buffers each call updates in place
 (benchmarks/decoder/src/decoder_bench/model.py):
@@ -10,6 +10,10 @@ parameters (6 layers, 768 wide, 12 heads of 64, RMSNorm, rotary positions, SwiGL
 - decoder: float32, a cache of 1024 positions
 - decoder_2048: the same weights, a cache of 2048 positions
 - decoder_bf16: the 1024 model in bfloat16
+- decoder_int8: the 1024 model with weight-only int8 (`quantize = "int8-weight-only"`:
+  int8 weights, a scale per output channel, bfloat16 activations)
+- decoder_int4: the 1024 model with weight-only int4 (`quantize = "int4-weight-only"`,
+  group-size 128: packed 4-bit weights, a scale and zero point per 128 inputs)
 
 Every case does the same work, batch 1: a prompt of --prompt random token ids
 (fixed seed) in one call `model(input_ids, arange(prompt))`, the argmax of its last
@@ -22,14 +26,22 @@ they share the machine's current load:
 
 - eager: import, build the module with the package's factory, which draws its
   seeded random weights (no checkpoint is read; bfloat16: `.to(torch.bfloat16)`),
-  decode
+  decode. The weight-only models: the bfloat16 module quantized as the build
+  quantizes it, by `hatch_precompile.worker.weight_only.quantize_weights` with the
+  model's table from benchmarks/decoder/pyproject.toml (torchao computes the
+  weights; the time to import it and to quantize is in the first token), so every
+  case of a weight-only model runs the same quantized graph. hatch_precompile and
+  torchao come from the environment, or from --quantizer, a folder on PYTHONPATH
+  in those processes only (`./dev.sh bench-decode` installs them there, so that
+  the other cases' environment stays the wheel's: torch and the package alone)
 - torch.compile, warm cache: the eager module through `torch.compile(dynamic=True)`,
   with the inductor cache a setup process filled by decoding once (a private
   TORCHINDUCTOR_CACHE_DIR); the one-token steps compile a second graph (size 1 is
   specialized), which the cache also holds
 - AOTInductor: at setup, torch.export of the eager module with the sequence dynamic
   (1 to the cache length, on input_ids' dim 1 and cache_position's dim 0) and
-  `torch._inductor.aoti_compile_and_package`; in the process,
+  `torch._inductor.aoti_compile_and_package` (weight-only models: of the quantized
+  eager module, the graph the wheel's build captures); in the process,
   `torch._inductor.aoti_load_package`, no C++ compiler on PATH. "n/a: reason"
   where the export or the compile fails
 - load_compiled: `load_compiled(name)` from the wheel (lean form: no compiler
@@ -44,15 +56,23 @@ processes); ratios are against float32 eager with the 1024 cache. Peak RSS is th
 process's maximum resident memory. For load_compiled, the cost of its input
 checks alone on a step's inputs is printed under the table. "tokens = eager's" says whether the case's new
 tokens equal its model's eager ones (float32 eager for the float32 models,
-bfloat16 eager for decoder_bf16). The accuracy table compares every case's prompt
+bfloat16 eager for decoder_bf16, the quantized eager module for decoder_int8 and
+decoder_int4). The accuracy table compares every case's prompt
 logits (all positions) with float32 eager's (relative error, norm of the
 difference over the norm of float32's, and cosine), and its new tokens with
 float32 eager's: after how many they first differ.
+
+The wheel's size per model: the bytes the installed package ships for it, read
+from its _precompiled/manifest.json: its weights file, its artifacts (both CPU
+targets, the artifact and the lean module of each) and their kernels, and the
+ratio to float32's (decoder). Last, the targets of issue 46 for the weight-only
+models, met or missed, from the lean form's (load_compiled's) figures.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -78,18 +98,35 @@ class Model:
     factory: str  # "module:function" building the eager module
     max_len: int  # the cache's positions: the dynamic sequence's upper bound
     dtype: str | None = None  # the precision compiled (and eager's), where not float32
+    quantize: str | None = None  # the weight-only scheme: eager quantizes its module as the build does
 
 
 MODELS = {
     "decoder": Model("decoder", "decoder, float32, cache of 1024", "decoder_bench.model:decoder", 1024),
     "decoder_2048": Model("decoder_2048", "decoder, float32, cache of 2048", "decoder_bench.model:decoder_2048", 2048),
     "decoder_bf16": Model("decoder_bf16", "decoder, bfloat16, cache of 1024", "decoder_bench.model:decoder", 1024, "bfloat16"),
+    "decoder_int8": Model("decoder_int8", "decoder, weight-only int8 (bfloat16 activations), cache of 1024", "decoder_bench.model:decoder", 1024, "bfloat16", "int8-weight-only"),
+    "decoder_int4": Model("decoder_int4", "decoder, weight-only int4, group-size 128 (bfloat16 activations), cache of 1024", "decoder_bench.model:decoder", 1024, "bfloat16", "int4-weight-only"),
 }
 BASELINE = "decoder"  # its eager case is the "vs" of every ratio, and float32's tokens and logits
 
 EAGER, COMPILE_WARM, AOTI, LOADER = "eager", "torch.compile, warm cache", "AOTInductor", "load_compiled"
 CASES = [EAGER, COMPILE_WARM, AOTI, LOADER]
 COMPILER = ["torch._inductor", "torch._dynamo"]  # in sys.modules: the process paid for importing the compiler
+PROJECT = Path(__file__).resolve().parent / "decoder" / "pyproject.toml"  # the weight-only models' tables, for eager's quantization
+
+# Issue 46's targets for the weight-only models, on the lean form (load_compiled):
+# (model, what, limit, against): per token against float32 eager's, first token and
+# peak RSS against float32's lean form, the shipped bytes against float32's.
+TARGETS = [
+    ("decoder_int8", "per token", 0.35, "float32 eager"),
+    ("decoder_int4", "per token", 0.28, "float32 eager"),
+    ("decoder_int8", "first token", 1.0, "float32 load_compiled"),
+    ("decoder_int4", "first token", 1.0, "float32 load_compiled"),
+    ("decoder_int8", "peak RSS", 0.5, "float32 load_compiled"),
+    ("decoder_int8", "wheel size", 0.35, "float32"),
+    ("decoder_int4", "wheel size", 0.25, "float32"),
+]
 
 
 # One case in one fresh process: argv is the case and the spec (JSON). Prints one
@@ -110,7 +147,16 @@ prompt = torch.randint(0, spec["vocab"], (1, spec["prompt"]), generator=torch.Ge
 def eager_module():
     module, function = spec["factory"].split(":")
     model = getattr(importlib.import_module(module), function)()
-    return model.to(getattr(torch, spec["dtype"])) if spec["dtype"] else model
+    model = model.to(getattr(torch, spec["dtype"])) if spec["dtype"] else model
+    if spec["quantize"]:  # as the build does: its table, then torchao's weights in the same modules
+        import tomllib
+        from hatch_precompile.engine.config import parse_config
+        from hatch_precompile.worker.weight_only import quantize_weights
+
+        with open(spec["project"], "rb") as file:
+            table = tomllib.load(file)["tool"]["hatch"]["build"]["hooks"]["precompile"]
+        quantize_weights(parse_config(table).models[spec["key"]], model)
+    return model
 
 
 def load():
@@ -185,6 +231,7 @@ def run_child(case: str, model: Model, env: dict[str, str], args: argparse.Names
         "new_tokens": args.new_tokens,
         "watched": COMPILER,
         "aoti_package": str(scratch / f"{model.key}.pt2"),
+        "project": str(PROJECT),
     }
     if save_logits:
         spec["logits_file"] = str(logits_file(scratch, model, case))
@@ -208,8 +255,9 @@ class Environments:
     """The child processes' environments: fresh caches per process but for
     torch.compile's warm one, and no C++ compiler for AOTInductor and load_compiled."""
 
-    def __init__(self, scratch: Path, threads: int) -> None:
+    def __init__(self, scratch: Path, threads: int, quantizer: Path | None) -> None:
         self.scratch = scratch
+        self.quantizer = quantizer
         self.base = {**os.environ, "BENCH_THREADS": str(threads)}
         self.base.pop("HATCH_PRECOMPILE_FORM", None)  # the loader's default form
         traps = scratch / "traps"
@@ -218,10 +266,13 @@ class Environments:
 
     def for_case(self, case: str, model: Model) -> dict[str, str]:
         if case == COMPILE_WARM:  # the setup's run filled it; every measured run reuses it
-            return {**self.base, "TORCHINDUCTOR_CACHE_DIR": str(self.scratch / f"{model.key}-warm-cache")}
-        env = self.no_compiler if case in (AOTI, LOADER) else self.base
-        folder = tempfile.mkdtemp(prefix="case-", dir=self.scratch)
-        return {**env, "TORCHINDUCTOR_CACHE_DIR": f"{folder}/inductor", "HATCH_PRECOMPILE_CACHE_DIR": f"{folder}/hp"}
+            env = {**self.base, "TORCHINDUCTOR_CACHE_DIR": str(self.scratch / f"{model.key}-warm-cache")}
+        else:
+            folder = tempfile.mkdtemp(prefix="case-", dir=self.scratch)
+            env = {**(self.no_compiler if case in (AOTI, LOADER) else self.base), "TORCHINDUCTOR_CACHE_DIR": f"{folder}/inductor", "HATCH_PRECOMPILE_CACHE_DIR": f"{folder}/hp"}
+        if model.quantize and case in (EAGER, COMPILE_WARM) and self.quantizer:  # (the AOTInductor setup runs as eager)
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(self.quantizer), env.get("PYTHONPATH")]))
+        return env
 
 
 def interleaved_runs(models: list[Model], envs: Environments, args: argparse.Namespace) -> dict[str, dict[str, list]]:
@@ -330,6 +381,65 @@ def print_accuracy(models: list[Model], results: dict[str, dict[str, list]], scr
     print()
 
 
+def shipped_sizes(models: list[Model]) -> dict[str, dict[str, int]]:
+    """Each model's shipped bytes by part, from the installed package's manifest
+    (the sizes the build recorded, checked against the files): its weights file,
+    its artifacts (each variant's artifact and lean module) and its kernels."""
+    spec = importlib.util.find_spec(PACKAGE)  # the package's folder, without importing it (or torch)
+    if spec is None or spec.origin is None:
+        raise SystemExit(f"{PACKAGE} is not installed")
+    folder = Path(spec.origin).parent / "_precompiled"
+    manifest = json.loads((folder / "manifest.json").read_text())
+    sizes = {}
+
+    def size(record: dict) -> int:
+        on_disk = (folder / record["file"]).stat().st_size
+        if on_disk != record["size"]:
+            raise SystemExit(f"{record['file']}: {on_disk} bytes on disk, the manifest says {record['size']}")
+        return on_disk
+
+    for model in models:
+        entry = manifest["models"][model.key]
+        weights = size(entry["weights"]) if "file" in entry["weights"] else 0
+        artifacts = sum(size(a) + (size(a["lean"]) if "file" in a.get("lean", {}) else 0) for a in entry["artifacts"])
+        kernels = sum(size(k) for k in entry.get("kernels", {}).values())
+        sizes[model.key] = {"weights": weights, "artifacts": artifacts, "kernels": kernels, "total": weights + artifacts + kernels}
+    return sizes
+
+
+def print_sizes(models: list[Model], sizes: dict[str, dict[str, int]]) -> None:
+    print(f"### The wheel's size per model: the bytes {PACKAGE} ships for each (its manifest)\n")
+    print("| model | weights file, MB | artifacts, MB | kernels, MB | total, MB | vs float32 |\n|---|---|---|---|---|---|")
+    base = sizes[BASELINE]["total"]
+    for model in models:
+        part = {name: value / 1e6 for name, value in sizes[model.key].items()}
+        print(f"| {model.key} | {part['weights']:.1f} | {part['artifacts']:.1f} | {part['kernels']:.1f} | {part['total']:.1f} | {sizes[model.key]['total'] / base:.2f}x |")
+    print("\nartifacts: every CPU target's artifact and lean module; each model counted whole, files it shares with another included\n")
+
+
+def print_targets(results: dict[str, dict[str, list]], sizes: dict[str, dict[str, int]]) -> None:
+    """Issue 46's targets for the weight-only models, from the lean form's figures."""
+    rows = []
+    for key, what, limit, against in TARGETS:
+        if key not in results:
+            continue
+        lean, base_lean = results[key][LOADER], results[BASELINE][LOADER]
+        if what == "per token":
+            value, reference, unit = statistics.median(r["step"] for r in lean) * 1000, statistics.median(r["step"] for r in results[BASELINE][EAGER]) * 1000, "ms"
+        elif what == "first token":
+            value, reference, unit = statistics.median(r["first"] for r in lean), statistics.median(r["first"] for r in base_lean), "s"
+        elif what == "peak RSS":
+            value, reference, unit = statistics.median(r["rss"] for r in lean), statistics.median(r["rss"] for r in base_lean), "MB"
+        else:
+            value, reference, unit = sizes[key]["total"] / 1e6, sizes[BASELINE]["total"] / 1e6, "MB"
+        ratio = value / reference
+        verdict = "met" if ratio <= limit else "missed"
+        rows.append(f"- {key}, {what} (load_compiled): {value:.3g} {unit} against {against}'s {reference:.3g} {unit}, {ratio:.2f}x; target <= {limit:.2f}x: {verdict}")
+    if rows:
+        print("### Targets (issue 46)\n")
+        print("\n".join(rows) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS), help="models to measure (default: all); decoder, every ratio's baseline, is always measured")
@@ -337,6 +447,7 @@ def main() -> None:
     parser.add_argument("--prompt", type=positive, default=128, help="prompt length in tokens (default 128)")
     parser.add_argument("--new-tokens", type=positive, default=64, help="one-token steps after the prompt (default 64)")
     parser.add_argument("--threads", type=positive, default=2, help="torch threads in every case (default 2)")
+    parser.add_argument("--quantizer", type=Path, help="a folder holding hatch_precompile and torchao (pip install --target), for the weight-only models' eager module (default: this environment)")
     args = parser.parse_args()
     models = [MODELS[key] for key in dict.fromkeys([BASELINE, *args.models])]  # float32 eager is every ratio's base
     if any(args.prompt + args.new_tokens > m.max_len for m in models):
@@ -348,9 +459,10 @@ def main() -> None:
         f"batch 1, prompt {args.prompt}, {args.new_tokens} new tokens, {args.runs} fresh processes per case\n",
         flush=True,
     )
+    sizes = shipped_sizes(models)  # before the long part: a wheel without a model stops here
     scratch = Path(tempfile.mkdtemp(prefix="bench-decode-"))
     try:
-        envs = Environments(scratch, args.threads)
+        envs = Environments(scratch, args.threads, args.quantizer.resolve() if args.quantizer else None)
         for model in models:  # setup: the AOTInductor package, torch.compile's warm cache
             print(f"setup: {model.key}", file=sys.stderr, flush=True)
             run_child("aoti setup", model, envs.for_case(EAGER, model), args, scratch)
@@ -359,6 +471,8 @@ def main() -> None:
         for model in models:
             print_table(model, results[model.key], results[BASELINE], args)
         print_accuracy(models, results, scratch)
+        print_sizes(models, sizes)
+        print_targets(results, sizes)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
