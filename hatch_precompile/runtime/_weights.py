@@ -113,10 +113,16 @@ def _tensor_lookup(module: Any) -> Callable[[str], Any]:
 
 
 def build_module(model: SourceModel) -> Any:
-    """The factory's module, converted to the compiled dtype, in eval mode."""
+    """The factory's module in the compiled dtype, in eval mode: as the build made
+    it, a factory with a `dtype` parameter is given it (a module whose buffers
+    other objects hold cannot be converted once made), any other's module converted."""
+    import inspect
+
     import torch
 
-    module = import_object(model["factory"])()
-    if model["dtype"]:
-        module = module.to(getattr(torch, model["dtype"]))
-    return module.eval()
+    factory = import_object(model["factory"])
+    dtype = getattr(torch, model["dtype"]) if model["dtype"] else None
+    if dtype is not None and "dtype" in inspect.signature(factory).parameters:
+        return factory(dtype=dtype).eval()
+    module = factory()
+    return (module.to(dtype) if dtype is not None else module).eval()

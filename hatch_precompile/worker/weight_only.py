@@ -110,8 +110,8 @@ def quantize_weights(model: ModelConfig, module: nn.Module) -> QuantizationRecor
         if isinstance(layer.parent, nn.MultiheadAttention):
             record["left"][name] = "nn.MultiheadAttention reads this layer's weight itself instead of calling it"
             continue
-        if bits == 4 and in_features % group_size:
-            record["left"][name] = f"its {in_features} inputs are not a multiple of group-size {group_size}"
+        if reason := _kernel_refuses(bits, group_size, out_features, in_features):
+            record["left"][name] = reason
             continue
         weight = layer.weight.detach().to(torch.bfloat16).contiguous()  # Conv1D's is a transposed view; the kernels take rows
         bias = None if layer.bias is None else layer.bias.detach().to(torch.bfloat16)
@@ -131,6 +131,19 @@ def quantize_weights(model: ModelConfig, module: nn.Module) -> QuantizationRecor
         found = f"; left in bfloat16: {record['left']}" if record["left"] else ""
         raise ModelBuildError(model.name, step, f"the module has no linear layer (nn.Linear, or transformers' Conv1D) to quantize{found}; remove `quantize`")
     return record
+
+
+def _kernel_refuses(bits: int, group_size: int, out_features: int, in_features: int) -> str:
+    """Why the CPU kernel cannot take a layer of this shape, or "". torch 2.13's
+    int8 kernel crashed (AVX512 path) on inputs not a multiple of 16; its int4
+    packing refuses outputs not a multiple of 16."""
+    if bits == 8 and in_features % 16:
+        return f"its {in_features} inputs are not a multiple of 16, which the int8 kernel needs"
+    if bits == 4 and in_features % group_size:
+        return f"its {in_features} inputs are not a multiple of group-size {group_size}"
+    if bits == 4 and out_features % 16:
+        return f"its {out_features} outputs are not a multiple of 16, which the int4 kernel needs"
+    return ""
 
 
 def _linear_layers(module: nn.Module) -> list[tuple[str, _Layer]]:
