@@ -7,11 +7,20 @@ safetensors, sentencepiece where the tokenizer is one):
 
     python benchmarks/llama_cpp.py --model-dir HF_FOLDER --work DIR --quants Q8_0,Q4_0
 
+llama-cpp-python installs from its sdist, building llama.cpp with -march=native. With
+GCC 12, leave AMX out of that build (CFLAGS and CXXFLAGS "-mno-amx-tile -mno-amx-int8
+-mno-amx-bf16"): its AMX kernels' tile configuration is optimized away and Q8_0 or Q4_0
+models crash on the first matmul (general protection fault in ggml_backend_amx_mul_mat;
+llama.cpp pull request 26954). Decoding one token at a time uses the AVX-512 VNNI
+kernels either way.
+
 Conversion, once per --work folder (kept there, redone when the model folder's files
 change): llama.cpp's convert_hf_to_gguf.py turns the Hugging Face folder (safetensors)
 into a 16-bit GGUF (bfloat16 if the checkpoint is, else float16: its "auto"), then
 llama_model_quantize (the quantize tool's library call, through the bindings) makes one
-GGUF per --quants name (any llama_ftype's MOSTLY_ suffix: Q8_0, Q4_0, Q4_K_M, F16...).
+GGUF per --quants name (any llama_ftype's MOSTLY_ suffix: Q8_0, Q4_0, Q4_K_M, F16...),
+with the quantize tool's defaults (so Q4_0 keeps the output matrix, or the tied embedding
+that serves as one, at Q6_K, or Q8_0 where its width is no multiple of 256).
 The converter comes from --llama-cpp-src (a llama.cpp source tree), or else from the
 sdist of the installed llama-cpp-python, which vendors the llama.cpp it was built from
 (`pip download` into --work, unpacked there).
@@ -20,8 +29,9 @@ Every quant does the same work, batch 1, in --runs fresh processes each (this sc
 again, --child), the quants interleaved run after run so that they share the machine's
 current load: import llama_cpp, load the GGUF with `Llama(n_ctx, n_threads and
 n_threads_batch = --threads, n_batch = n_ubatch = max(512, --prompt))` (memory-mapped,
-llama.cpp's default), tokenize a fixed English text with the model's tokenizer (BOS
-first, the text repeated, cut to exactly --prompt ids: the same ids for every quant),
+llama.cpp's default), tokenize a fixed English text with the model's tokenizer (its
+BOS first where the GGUF says to add one, the text repeated, cut to exactly --prompt
+ids: the same ids for every quant),
 `Llama.eval` them in one batch, take the argmax of the last position's logits, then
 --new-tokens steps, each evaluating the last token and taking its argmax. The new tokens
 reported are those fed to the steps (the prompt's argmax and the first --new-tokens - 1
@@ -31,9 +41,10 @@ Columns: GGUF size is the file's; first token is the time from the process's sta
 standard-library imports aside, as in decode.py) to the prompt evaluated and its argmax
 taken, `import llama_cpp` and the load included; per token is the median step time
 (eval and argmax) in each process, then the median over processes (min-max across
-processes); peak RSS is the process's maximum resident memory (the mapped weights it
-touched included). Under the table, each quant's first 16 new token ids, to compare with
-other runtimes on the same checkpoint and prompt (--json writes the prompt's ids too).
+processes); peak RSS is the process's maximum resident memory (VmHWM; the mapped
+weights it touched included). Under the table, each quant's first 16 new token ids, to
+compare with other runtimes on the same checkpoint and prompt (--json writes the
+prompt's ids too).
 """
 
 from __future__ import annotations
@@ -43,7 +54,6 @@ import ctypes
 import json
 import os
 import platform
-import resource
 import shutil
 import statistics
 import subprocess
@@ -52,12 +62,16 @@ import tarfile
 from importlib import metadata
 from pathlib import Path
 from time import perf_counter
+from typing import TYPE_CHECKING
 
 from cold_start import cpu_model, positive, spread  # the cold-start benchmark's helpers, beside this script
 
 STARTED = perf_counter()  # a --child process's start: its first token counts from here
 if Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
     del sys.path[0]  # this script's folder: `import llama_cpp` is the package, not this file
+
+if TYPE_CHECKING:
+    from llama_cpp import Llama
 
 TEXT = (
     "The quick brown fox jumps over the lazy dog. A journey of a thousand miles begins with a single step, "
@@ -93,7 +107,7 @@ def sdist_sources(work: Path) -> Path:
     version = metadata.version("llama-cpp-python")
     download = work / "sdist"
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", f"llama-cpp-python=={version}", "-d", str(download)]
-    if subprocess.run(command).returncode != 0:
+    if subprocess.run(command, stdout=sys.stderr).returncode != 0:
         raise SystemExit(f"could not download llama-cpp-python {version}'s sdist; pass --llama-cpp-src")
     (archive,) = download.glob("*.tar.gz")
     prefix = f"{archive.name.removesuffix('.tar.gz')}/vendor/llama.cpp/"
@@ -111,7 +125,7 @@ def convert(model_dir: Path, sources: Path, out: Path) -> None:
     partial = out.with_suffix(".partial")
     command = [sys.executable, str(sources / CONVERTER), str(model_dir), "--outtype", "auto", "--outfile", str(partial)]
     print(f"converting: {' '.join(command)}", file=sys.stderr, flush=True)
-    if subprocess.run(command).returncode != 0:
+    if subprocess.run(command, stdout=sys.stderr).returncode != 0:
         raise SystemExit(f"{CONVERTER} failed on {model_dir}")
     partial.rename(out)
 
@@ -147,19 +161,27 @@ def prepare(args: argparse.Namespace) -> dict[str, Path]:
     return files
 
 
-def prompt_ids(llm, length: int) -> list[int]:
-    """Exactly `length` ids: BOS (where the model has one), then the fixed text repeated."""
+def prompt_ids(llm: Llama, length: int) -> list[int]:
+    """Exactly `length` ids: BOS where the GGUF's tokenizer adds one, then the fixed text repeated."""
     text = TEXT
     while len(ids := llm.tokenize(text.encode(), add_bos=True)) < length:
         text += TEXT
     return ids[:length]
 
 
+def peak_rss_mb() -> float:
+    """This process's peak resident memory (VmHWM). Not getrusage's ru_maxrss: Linux carries that
+    over exec, so a child would report its parent's peak (here the quantizing parent's) if larger."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise SystemExit("no VmHWM in /proc/self/status")
+
+
 def child(args: argparse.Namespace) -> None:
     """One measured process: prints one JSON line."""
-    import numpy as np  # llama-cpp-python's own dependency
-
     import llama_cpp
+    import numpy as np  # llama-cpp-python's own dependency
 
     imported = perf_counter() - STARTED
     llm = llama_cpp.Llama(
@@ -188,8 +210,7 @@ def child(args: argparse.Namespace) -> None:
         llm.eval([token])
         token = argmax()
         steps.append(perf_counter() - start)
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"import": imported, "load": loaded, "first": first, "step": statistics.median(steps), "tokens": tokens, "prompt": prompt, "rss": rss}))
+    print(json.dumps({"import": imported, "load": loaded, "first": first, "step": statistics.median(steps), "tokens": tokens, "prompt": prompt, "rss": peak_rss_mb()}))
 
 
 def run_child(path: Path, args: argparse.Namespace) -> dict:
@@ -199,7 +220,7 @@ def run_child(path: Path, args: argparse.Namespace) -> dict:
     except subprocess.TimeoutExpired:
         raise SystemExit(f"{path.name}: no result after {CHILD_TIMEOUT_S} s") from None
     if result.returncode != 0:
-        raise SystemExit(f"{path.name} failed:\n{result.stderr[-3000:]}")
+        raise SystemExit(f"{path.name} failed (exit code {result.returncode}):\n{result.stderr[-3000:]}")
     return json.loads(result.stdout.splitlines()[-1])
 
 
