@@ -60,6 +60,12 @@ if TYPE_CHECKING:
     from .capture import Captured
 
 
+# Weight-only: SmolLM2-135M-Instruct's trained 30 layers (benchmarks/real_decoder.py),
+# one position per call, against float32: int8 weights worst relative error 0.18,
+# cosine 0.986, top-1 agreement 97%; int4 (groups of 64 or 128) worst 0.70-1.02,
+# cosine 0.51-0.74, agreement 64-73%, as llama.cpp's Q4_0 (62%). int4's bounds are
+# sanity bounds that a wrong kernel or packing misses (cosine near 0, agreement
+# near none); its quality is a choice the table in docs/performance.md informs.
 # float32: about 20x the worst correct code measured, below every structural fault
 # (see the docstring). bfloat16 and float16: about 4x the figures measured on real
 # architectures; a cosine of 0.999 is a relative error of about 4.5%. int8: 1.6x
@@ -70,8 +76,8 @@ DEFAULT_BOUNDS = {
     "bfloat16": AccuracyBounds(max_relative_error=0.04, min_cosine=0.999),
     "float16": AccuracyBounds(max_relative_error=0.01, min_cosine=0.9999),
     "int8": AccuracyBounds(max_relative_error=0.2, min_cosine=0.98),
-    "int8-weight-only": AccuracyBounds(max_relative_error=0.1, min_cosine=0.995, min_token_agreement=0.9),
-    "int4-weight-only": AccuracyBounds(max_relative_error=0.3, min_cosine=0.95, min_token_agreement=0.7),
+    "int8-weight-only": AccuracyBounds(max_relative_error=0.3, min_cosine=0.98, min_token_agreement=0.85),
+    "int4-weight-only": AccuracyBounds(max_relative_error=0.8, min_cosine=0.6, min_token_agreement=0.5),
 }
 # An int8 model with `calibration` is held to its bounds on calibration batches
 # (quantize.py holds some out), which are like its real inputs. Its example inputs
