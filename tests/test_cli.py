@@ -129,7 +129,7 @@ def test_check_names_each_int8_conflict(tmp_path: Path, capsys: pytest.CaptureFi
     (tmp_path / "pyproject.toml").write_text(text.replace("options = {}", 'options = {}\nquantize = "int8"\ndtype = "float16"'))
     code, out, _ = cli(capsys, "check", tmp_path)
     assert code == 1 and "1 problem(s)" in out
-    assert "tool.hatch.build.hooks.precompile.models.encoder.dtype: is 'float16', but `quantize` quantizes the float32 module" in out
+    assert "tool.hatch.build.hooks.precompile.models.encoder.dtype: is 'float16', but `quantize = \"int8\"` quantizes the float32 module" in out
 
 
 def test_check_says_clearly_when_there_is_no_table_or_no_project(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
