@@ -150,7 +150,8 @@ def _int8_weights(name: str, model: ModelEntry, state_dict: dict[str, Any] | Non
         return None
     if state_dict is not None or module is not None:
         raise ValueError(
-            f"model {name!r} is quantized to {model['quantize']}: its weights were quantized at build time, so "
+            f"model {name!r} is quantized to {model['quantize']}: its weights were "
+            f"{'compiled into it' if model['quantize'] == 'int8' else 'quantized'} at build time, so "
             "state_dict= and module= cannot replace them; build a wheel from the weights you want to run"
         )
     return [] if model["quantize"] == "int8" else None
