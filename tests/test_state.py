@@ -244,6 +244,13 @@ def test_transformers_decoders_generate_transformers_tokens(generated: dict, sta
     with zipfile.ZipFile(state_wheel) as archive:
         manifest = json.loads(archive.read("statepkg/_precompiled/manifest.json"))
     assert manifest["models"]["llama"]["state"] == ["cumulative_length_0", "cumulative_length_1", "key_cache_0", "value_cache_0", "key_cache_1", "value_cache_1"]
+    # The state starts as zeros, so the loader makes it: the weights file holds none of it.
+    llama = manifest["models"]["llama"]
+    assert llama["weights"]["zeros"] == llama["state"]
+    with zipfile.ZipFile(state_wheel) as archive:
+        weights = archive.read(f"statepkg/_precompiled/{llama['weights']['file']}")
+    stored = json.loads(weights[8 : 8 + int.from_bytes(weights[:8], "little")])
+    assert not set(stored) & set(llama["state"]) and "model.model.embed_tokens.weight" in stored, sorted(stored)
 
 
 # docs/battery.md's section on models with state, from what this module found.

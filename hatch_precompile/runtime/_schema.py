@@ -188,6 +188,7 @@ class WeightsEntry(TypedDict):
     specs: dict[str, WeightSpec]
     file: NotRequired[str]  # the safetensors file, when any tensor is shipped
     aliases: NotRequired[dict[str, str]]  # tied weights: name -> the name stored
+    zeros: NotRequired[list[str]]  # state that starts as zeros: not stored, made by the loader
     size: NotRequired[int]  # added at assembly, with sha256 and the chunk checksums
     sha256: NotRequired[str]
     chunk_size: NotRequired[int]
@@ -205,8 +206,9 @@ def is_lean_only(artifact: ArtifactEntry) -> bool:
 
 
 def ships_weights(weights: WeightsEntry) -> bool:
-    """Whether the wheel carries a weights file (`weights = "embed"` with any tensor to ship)."""
-    return "file" in weights
+    """Whether the wheel gives any tensor (`weights = "embed"`, or constants): in its
+    weights file or as state that starts as zeros."""
+    return "file" in weights or bool(weights.get("zeros"))
 
 
 class FileDigest(TypedDict):

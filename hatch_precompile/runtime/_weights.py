@@ -28,10 +28,17 @@ PADDING_PREFIX = "__padding__"
 
 def read_weights(weights: WeightsEntry) -> dict[str, Any]:
     """The shipped tensors by name: views of the checked, memory-mapped file (no
-    copy, no pickle); tied weights are stored once and bound under each name."""
-    tensors = safetensors_views(verified_weights(weights), HERE / weights["file"])
-    for alias, name in weights["aliases"].items():
+    copy, no pickle); tied weights are stored once and bound under each name.
+    State that starts as zeros is one zero broadcast to its shape: no memory
+    until a handle copies it into a state of its own."""
+    import torch
+
+    tensors = safetensors_views(verified_weights(weights), HERE / weights["file"]) if "file" in weights else {}
+    for alias, name in weights.get("aliases", {}).items():
         tensors[alias] = tensors[name]
+    for name in weights.get("zeros", []):
+        spec = weights["specs"][name]
+        tensors[name] = torch.zeros((), dtype=getattr(torch, spec["dtype"])).expand(spec["shape"])
     return tensors
 
 

@@ -37,7 +37,9 @@ def save_weights(model: ModelConfig, captured: Captured, out_dir: Path) -> Weigh
     """Write what the wheel ships of the weights; return the manifest's description:
     every lifted tensor's kind, shape and dtype (the loader checks weights given at
     run time against it). `embed` ships all of them; `factory` only the constants,
-    which no module attribute holds."""
+    which no module attribute holds. State that starts as zeros (a KV cache) is
+    not stored: the loader makes it, so neither the wheel nor the memory map
+    carries bytes that each handle overwrites with its own copy."""
     kinds = {s.target: s.kind.name for s in captured.exported.graph_signature.input_specs if s.kind.name in _LIFTED_KINDS}
     tensors = lifted_weights(captured)
     shipped = {n: t for n, t in tensors.items() if model.weights == "embed" or kinds[n] == "CONSTANT_TENSOR"}
@@ -46,6 +48,10 @@ def save_weights(model: ModelConfig, captured: Captured, out_dir: Path) -> Weigh
         "order": list(tensors),
         "specs": {n: {"kind": kinds[n], "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")} for n, t in tensors.items()},
     }
+    zeros = [n for n in captured.state if n in shipped and not shipped[n].any()]
+    if zeros:
+        entry["zeros"] = zeros
+        shipped = {n: t for n, t in shipped.items() if n not in zeros}
     if shipped:
         # Tied weights are lifted once per name but are one tensor: store it once.
         first_name: dict[tuple[Any, ...], str] = {}
