@@ -411,19 +411,25 @@ def run_child(case: str, model: Model, env: dict[str, str], calls: int, scratch:
         files["output_file"] = str(output_file(scratch, model, case))
     spec = json.dumps({**asdict(model), "batch": BATCH, "watched": watched, **files})
     try:
-        result = subprocess.run(
-            [sys.executable, "-c", ORT_CHILD if case == ORT else CHILD, case, str(calls), spec],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=CHILD_TIMEOUT_S,
-        )
+        result = run_with_own_tmpdir([sys.executable, "-c", ORT_CHILD if case == ORT else CHILD, case, str(calls), spec], env, scratch, CHILD_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         raise SystemExit(f"{model.key}, {case}: no result after {CHILD_TIMEOUT_S} s") from None
     if result.returncode != 0:
         raise SystemExit(f"{model.key}, {case} failed:\n{result.stderr[-3000:]}")
     reports = [line for line in result.stdout.splitlines() if line.startswith("{")]  # torch.onnx.export prints too
     return json.loads(reports[-1]) if reports else {}
+
+
+def run_with_own_tmpdir(command: list[str], env: dict[str, str] | None, scratch: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run one measured process with a TMPDIR of its own under `scratch`, removed
+    after it: `aoti_load_package` unpacks its package, weights included, into a
+    temporary folder it never removes (19 GB of them piled up in /tmp after a
+    few runs of these benchmarks)."""
+    tmpdir = Path(tempfile.mkdtemp(prefix="child-tmp-", dir=scratch))
+    try:
+        return subprocess.run(command, env={**(env if env is not None else os.environ), "TMPDIR": str(tmpdir)}, capture_output=True, text=True, timeout=timeout)
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
 
 
 def no_compiler_path(folder: Path) -> str:

@@ -84,7 +84,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from cold_start import cpu_model, no_compiler_path, positive, spread, version  # the cold-start benchmark's helpers, beside this script
+from cold_start import cpu_model, no_compiler_path, positive, run_with_own_tmpdir, spread, version  # the cold-start benchmark's helpers, beside this script
 
 CHILD_TIMEOUT_S = 1800  # one process; torch.compile's or AOTInductor's setup on two slow cores stays far below
 PACKAGE = "decoder_bench"
@@ -237,13 +237,7 @@ def run_child(case: str, model: Model, env: dict[str, str], args: argparse.Names
     if save_logits:
         spec["logits_file"] = str(logits_file(scratch, model, case))
     try:
-        result = subprocess.run(
-            [sys.executable, "-c", CHILD, case, json.dumps(spec)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=CHILD_TIMEOUT_S,
-        )
+        result = run_with_own_tmpdir([sys.executable, "-c", CHILD, case, json.dumps(spec)], env, scratch, CHILD_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         raise SystemExit(f"{model.key}, {case}: no result after {CHILD_TIMEOUT_S} s") from None
     if result.returncode != 0:

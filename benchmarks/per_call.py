@@ -29,7 +29,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -131,8 +130,8 @@ print(json.dumps(report))
 PARTS = ("kernels", "matrix products", "aten ops", "size/stride asserts", "views", "allocations")
 
 
-def run_child(side: str, spec: dict, calls: int) -> dict:
-    done = subprocess.run([sys.executable, "-c", CHILD, side, str(calls), json.dumps(spec)], capture_output=True, text=True, timeout=600)
+def run_child(side: str, spec: dict, calls: int, scratch: Path) -> dict:
+    done = cold_start.run_with_own_tmpdir([sys.executable, "-c", CHILD, side, str(calls), json.dumps(spec)], None, scratch, 600)
     if done.returncode != 0:
         raise SystemExit(f"{spec['key']} batch {spec['batch']}, {side}: failed\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -191,8 +190,8 @@ def main() -> None:
                 }
                 lean, aoti = [], []
                 for _ in range(options.runs):  # interleaved: both sides share the machine's load
-                    lean.append(run_child("lean", spec, options.calls))
-                    aoti.append(run_child("aoti", spec, options.calls))
+                    lean.append(run_child("lean", spec, options.calls, Path(scratch)))
+                    aoti.append(run_child("aoti", spec, options.calls, Path(scratch)))
                 print()
                 print(table(key, batch, lean, aoti))
 
