@@ -253,8 +253,11 @@ def isolated_build(*args: str, env: dict[str, str] | None = None) -> subprocess.
 
 @pytest.fixture(scope="session")
 def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A folder holding this checkout's hatch-precompile wheel, for build frontends to find."""
-    folder = tmp_path_factory.mktemp("wheelhouse")
+    """A folder holding this checkout's hatch-precompile wheel, for build frontends to find.
+    Its path is new to every session: uv caches a find-links folder's wheels under
+    the folder's path, so a path an earlier session used (pytest numbers its
+    folders from 0 again once they are removed) gave builds that session's plugin."""
+    folder = Path(tempfile.mkdtemp(prefix="wheelhouse-", dir=tmp_path_factory.getbasetemp()))
     run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(folder), str(REPO)])
     return folder
 
