@@ -242,13 +242,11 @@ def test_transformers_decoders_generate_transformers_tokens(generated: dict, sta
         expected = {str(length): _transformers_tokens(name, prompt, LM_NEW) for length, prompt in prompts.items()}
         assert generated[name] == expected, name
     with zipfile.ZipFile(state_wheel) as archive:
-        manifest = json.loads(archive.read("statepkg/_precompiled/manifest.json"))
-    assert manifest["models"]["llama"]["state"] == ["cumulative_length_0", "cumulative_length_1", "key_cache_0", "value_cache_0", "key_cache_1", "value_cache_1"]
-    # The state starts as zeros, so the loader makes it: the weights file holds none of it.
-    llama = manifest["models"]["llama"]
-    assert llama["weights"]["zeros"] == llama["state"]
-    with zipfile.ZipFile(state_wheel) as archive:
+        llama = json.loads(archive.read("statepkg/_precompiled/manifest.json"))["models"]["llama"]
         weights = archive.read(f"statepkg/_precompiled/{llama['weights']['file']}")
+    assert llama["state"] == ["cumulative_length_0", "cumulative_length_1", "key_cache_0", "value_cache_0", "key_cache_1", "value_cache_1"]
+    # The state starts as zeros, so the loader makes it: the weights file holds none of it.
+    assert llama["weights"]["zeros"] == llama["state"]
     stored = json.loads(weights[8 : 8 + int.from_bytes(weights[:8], "little")])
     assert not set(stored) & set(llama["state"]) and "model.model.embed_tokens.weight" in stored, sorted(stored)
 

@@ -69,7 +69,7 @@ from ._errors import PrecompiledFallbackWarning, PrecompiledIntegrityError, Prec
 from ._generate import Generating
 from ._manifest import MANIFEST_FORMAT, Choice, Plan, cpu_features, fallback_policy, plan, read_manifest, unavailable, why_artifact_form
 from ._ops import OpLibraryError, import_op_libraries
-from ._schema import ModelEntry, SourceModel
+from ._schema import ModelEntry, SourceModel, ships_weights
 from ._weights import bind_weights, build_module, read_weights
 
 __all__ = ["PrecompiledFallbackWarning", "PrecompiledIntegrityError", "PrecompiledModelError", "explain", "load_compiled"]
@@ -310,7 +310,7 @@ def _fall_back(name: str, how: Plan, state_dict: dict[str, Any] | None, module: 
         module = build_module(how.model)
         if state_dict is not None:
             module.load_state_dict(state_dict)
-        elif how.entry is not None and "file" in how.entry["weights"]:
+        elif how.entry is not None and ships_weights(how.entry["weights"]):
             own = module.state_dict()
             module.load_state_dict({k: v for k, v in read_weights(how.entry["weights"]).items() if k in own}, strict=False)
     state = how.entry["state"] if how.entry is not None else []
