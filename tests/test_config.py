@@ -156,6 +156,8 @@ def test_example_inputs_callable_with_dim_axes() -> None:
         ({"models": {"m": model(dims={"batch": {"min": 2, "buckets": [4]}})}}, f"{T}.models.m.dims.batch.min: only buckets are given"),
         ({"models": {"m": model(dims={"batch": list(range(1, 34))})}}, f"{T}.models.m.dims: these dims make 33 shape variants"),
         ({"models": {"m": model(dtype="int8")}}, f"{T}.models.m.dtype: expected one of 'float32', 'bfloat16', 'float16', found a string 'int8'"),
+        ({"models": {"m": model(**{"cpp-form": "yes"})}}, f"{T}.models.m.cpp-form: expected true or false, found a string 'yes'"),
+        ({"models": {"m": model(**{"cpp-form": 1})}}, f"{T}.models.m.cpp-form: expected true or false, found an integer 1"),
         ({"models": {"m": model()}, "cpu-targets": []}, f"{T}.cpu-targets: expected at least one of 'avx2', 'avx512', found []"),
         ({"models": {"m": model()}, "cpu-targets": ["avx2", "avx2"]}, f"{T}.cpu-targets: lists a target twice: ['avx2', 'avx2']"),
         ({"models": {"m": model(**{"cpu-targets": ["avx512f"]})}}, f"{T}.models.m.cpu-targets[0]: expected one of 'avx2', 'avx512', found a string 'avx512f' (did you mean 'avx512'?)"),
@@ -289,7 +291,7 @@ def test_the_documented_keys_are_these() -> None:
     assert {"package", "fallback", "cpu-targets", "jobs", "remote-cache", "remote-cache-mode", "models.<name>"} == set(TABLE_KEYS)
     assert set(model_keys()) == {
         "factory", "inputs", "kwargs", "example-inputs", "example-steps", "dims", "weights", "dtype",
-        "options", "fallback", "cpu-targets", "accuracy", "outputs", "quantize", "group-size", "calibration",
+        "options", "fallback", "cpu-targets", "accuracy", "outputs", "quantize", "group-size", "calibration", "cpp-form",
     }  # fmt: skip
 
 

@@ -24,7 +24,10 @@ def test_torch_ships_the_libraries_the_kernels_link_besides_the_c_runtimes() -> 
 
 @pytest.mark.e2e
 @pytest.mark.release
-def test_the_example_kernels_need_old_runtimes_and_keep_torchs_tag(example_build: ExampleBuild, tmp_path: Path) -> None:
+def test_the_example_kernels_need_old_runtimes_and_its_cpp_library_counts_in_the_tag(example_build: ExampleBuild, tmp_path: Path) -> None:
+    """The kernels are C: they need old runtimes and keep torch's tag. The C++
+    form's library (AOTInductor's container: C++ with threads) needs what the
+    build machine's glibc and libstdc++ gave it, and that counts in the tag."""
     with zipfile.ZipFile(example_build.wheel) as wheel:
         manifest = json.loads(wheel.read("example_pkg/_precompiled/manifest.json"))
         (artifact,) = manifest["models"]["encoder"]["artifacts"]
@@ -33,16 +36,21 @@ def test_the_example_kernels_need_old_runtimes_and_keep_torchs_tag(example_build
             path = tmp_path / f"{key}.so"
             path.write_bytes(wheel.read("example_pkg/_precompiled/" + manifest["models"]["encoder"]["kernels"][key]["file"]))
             kernels.append(read_needs(path))
-    linked = {library for kernel in kernels for library in kernel.libraries}
+        library = tmp_path / "library.so"
+        library.write_bytes(wheel.read("example_pkg/_precompiled/" + artifact["cpp"]["file"]))
+    linked = {name for kernel in kernels for name in kernel.libraries}
     assert {"libtorch_cpu.so", "libgomp.so.1"} <= linked
     assert linked - torch_libraries() <= C_RUNTIMES
     needs = system_needs(kernels, torch_libraries())
-    assert artifact["native"] == needs.manifest()
     assert set(needs.libraries) <= C_RUNTIMES and "libgomp.so.1" not in needs.libraries  # torch's copy is used
     glibc = tuple(int(p) for p in needs.glibc.split("."))
     assert (2, 2) < glibc <= (2, 28), needs
+    cpp = read_needs(library)
+    assert {"libtorch_cpu.so", "libgomp.so.1"} <= set(cpp.libraries) and not any(name.startswith("libpython") for name in cpp.libraries)
+    with_library = system_needs([*kernels, cpp], torch_libraries())
+    assert artifact["native"] == with_library.manifest()
     platform = example_build.wheel.name.removesuffix(".whl").split("-")[-1]
-    assert platform == stricter_platform(platform, needs.policy)  # torch's tag is the stricter one here
+    assert platform == stricter_platform(platform, with_library.policy)  # the wheel's tag allows what the library needs
 
 
 def made_up(**versions: tuple[str, ...]) -> KernelNeeds:

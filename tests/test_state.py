@@ -27,6 +27,8 @@ LM_DIMS = 'dims = { seq = { min = 1, max = 48, axes = ["input_ids:1", "cache_pos
 # (learned positions, Conv1D) and the counter are checked on the default release.
 ON_A_LEG = on_a_release_leg()
 LMS = ("llama",) if ON_A_LEG else ("llama", "qwen3", "gpt2")
+# The decoder and Llama run in the C++ form (the release legs cover it), the others in the lean form.
+CPP_FORM = "cpp-form = true"
 COUNTER = """
 [models.counter]
 factory = "statepkg.models:counter"
@@ -40,6 +42,7 @@ factory = "statepkg.models:decoder"
 example-inputs = "statepkg.models:prompt"
 example-steps = "statepkg.models:steps"
 dims = { batch = { min = 1, max = 4, axes = ["0:0"] }, seq = { min = 1, max = 64, axes = ["0:1", "1:0"] } }
+cpp-form = true
 """
     + ("" if ON_A_LEG else COUNTER)
     + "".join(
@@ -49,6 +52,7 @@ factory = "statepkg.models:{name}"
 example-inputs = "statepkg.models:lm_prompt"
 example-steps = "statepkg.models:lm_steps"
 {LM_DIMS}
+{CPP_FORM if name == "llama" else ""}
 """
         for name in LMS
     )
@@ -120,7 +124,9 @@ def generated(state_venv: Venv, tmp_path_factory: pytest.TempPathFactory) -> dic
 @pytest.mark.release
 def test_the_decoder_generates_eagers_tokens_from_the_wheel(generated: dict) -> None:
     assert generated["modules"] == []  # no compiler, and no transformers: the wheel needs neither
-    assert "lean form" in generated["explain"]["decoder"], generated["explain"]
+    assert "(C++ form)" in generated["explain"]["decoder"], generated["explain"]
+    assert "(C++ form)" in generated["explain"]["llama"], generated["explain"]
+    assert all("(lean form)" in generated["explain"][name] for name in LMS if name != "llama"), generated["explain"]
     for run, (batch, _, new) in zip(generated["decoder"], DECODER_RUNS):
         assert run["equal"] and run["shape"] == [batch, new], generated["decoder"]
         assert run["state"] < 1e-4, generated["decoder"]  # the cache holds eager's keys and values
@@ -237,7 +243,7 @@ def _transformers_tokens(name: str, prompt: torch.Tensor, new: int) -> list[list
 @pytest.mark.release
 def test_transformers_decoders_generate_transformers_tokens(generated: dict, state_wheel: Path) -> None:
     for name in LMS:
-        assert "lean form" in generated["explain"][name], generated["explain"]
+        assert ("(C++ form)" if name == "llama" else "(lean form)") in generated["explain"][name], generated["explain"]
         prompts = {length: torch.randint(0, 256, (1, length), generator=torch.Generator().manual_seed(length)) for length in LM_PROMPTS}
         expected = {str(length): _transformers_tokens(name, prompt, LM_NEW) for length, prompt in prompts.items()}
         assert generated[name] == expected, name
@@ -267,7 +273,7 @@ def test_the_battery_docs_show_the_models_with_state(generated: dict) -> None:
 
     lines = ["| model | architecture | form | tokens against | prompts: batch x length +new tokens | result |", "|---|---|---|---|---|---|"]
     for name, (what, against) in ROWS.items():
-        form = "lean" if "lean form" in generated["explain"][name] else "artifact"
+        form = next(form for form in ("C++", "lean", "artifact") if f"({form} form" in generated["explain"][name])
         if name == "decoder":
             prompts = "; ".join(f"{b}x{length} +{new}" for b, length, new in DECODER_RUNS)
             equal = all(run["equal"] for run in generated["decoder"])

@@ -447,7 +447,7 @@ def _what_loads_here(manifest: Manifest | None) -> tuple[dict[str, Any], dict[st
     for name, model in sorted(manifest["models"].items()):
         try:
             how = loader.plan(name, manifest)
-        except ValueError as error:  # e.g. HATCH_PRECOMPILE_FORM set to something else than auto, lean or artifact
+        except ValueError as error:  # e.g. HATCH_PRECOMPILE_FORM set to something else than auto, cpp, lean or artifact
             raise CommandError(str(error)) from None
         if not how.choices:
             models[name] = _unloadable(model, how.reason)
@@ -458,7 +458,7 @@ def _what_loads_here(manifest: Manifest | None) -> tuple[dict[str, Any], dict[st
                 {
                     "file": choice.file,
                     "form": choice.form,
-                    "form_note": loader.why_artifact_form(choice).removeprefix("; ") if choice.form == "artifact" else "",
+                    "form_note": loader.why_form(choice).removeprefix("; "),
                     "shape": _shape_text(model, choice.artifact),
                     "cpu_target": choice.artifact["cpu_target"],
                 }

@@ -21,7 +21,7 @@ from .. import __version__
 from ..runtime import MANIFEST_FORMAT
 from ..runtime._integrity import CHUNK_SIZE, ROW_SIZE, chunk_checksums, file_sha256
 from ..runtime._layout import BUILD_MODULE, KERNELS_DIR, MANIFEST_FILE, PRECOMPILED_DIR, kernel_file
-from ..runtime._schema import ArtifactEntry, FileDigest, ModelEntry, has_lean_form, is_lean_only
+from ..runtime._schema import ArtifactEntry, FileDigest, ModelEntry, has_cpp_form, has_lean_form, is_lean_only
 from .native import stricter_platform
 
 RUNTIME_DIR = Path(__file__).parent.parent / "runtime"
@@ -125,16 +125,21 @@ def assemble(staging: Path, package: str, entries: dict[str, ModelEntry]) -> dic
             shipped.append(staging / entry["weights"]["file"])
         shipped.extend(staging / a["file"] for a in entry["artifacts"])
         shipped.extend(staging / a["lean"]["file"] for a in entry["artifacts"] if has_lean_form(a))
+        shipped.extend(staging / a["cpp"]["file"] for a in entry["artifacts"] if has_cpp_form(a))
         shipped.extend(staging / k["file"] for k in entry["kernels"].values())
     return {str(path): f"{package}/{PRECOMPILED_DIR}/{path.relative_to(staging).as_posix()}" for path in dict.fromkeys(shipped)}
 
 
 def _artifact_record(model: str, model_dir: Path, artifact: ArtifactEntry) -> ArtifactEntry:
     """An artifact's manifest entry with its files' paths in the wheel, sizes and sha256."""
+    record: ArtifactEntry = {**artifact, "file": f"{model}/{artifact['file']}", **file_record(model_dir / artifact["file"])}
     lean = artifact["lean"]
     if "file" in lean:
-        lean = {**lean, "file": f"{model}/{lean['file']}", **file_record(model_dir / lean["file"])}
-    return {**artifact, "file": f"{model}/{artifact['file']}", **file_record(model_dir / artifact["file"]), "lean": lean}
+        record["lean"] = {**lean, "file": f"{model}/{lean['file']}", **file_record(model_dir / lean["file"])}
+    if has_cpp_form(artifact):
+        cpp = artifact["cpp"]
+        record["cpp"] = {**cpp, "file": f"{model}/{cpp['file']}", **file_record(model_dir / cpp["file"])}
+    return record
 
 
 def _share_identical_constants(artifacts: list[ArtifactEntry]) -> list[ArtifactEntry]:

@@ -41,7 +41,8 @@ ENTRY_FILE = "entry.json"
 def entry_files(entry: ArtifactEntry) -> list[str]:
     """The files an artifact's entry ships, relative to its model's folder."""
     lean = [entry["lean"]["file"]] if "lean" in entry and "file" in entry["lean"] else []
-    return [entry["file"], *lean, *(f"{KERNELS_DIR}/{kernel_file(key)}" for key in entry["kernels"])]
+    cpp = [entry["cpp"]["file"]] if "file" in entry.get("cpp", {}) else []
+    return [entry["file"], *lean, *cpp, *(f"{KERNELS_DIR}/{kernel_file(key)}" for key in entry["kernels"])]
 
 
 @dataclass(frozen=True)

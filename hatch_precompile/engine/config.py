@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from ..runtime._manifest import CONFIG_TABLE
 from .errors import BuildFailure
-from .model_config import IMPORT_PATH, INT4_GROUP_SIZES, WEIGHT_ONLY, AccuracyBounds, Dim, KeyDoc, ModelConfig, TensorInput, choices, model_settings, reference_type
+from .model_config import BOOLEAN, IMPORT_PATH, INT4_GROUP_SIZES, WEIGHT_ONLY, AccuracyBounds, Dim, KeyDoc, ModelConfig, TensorInput, choices, model_settings, reference_type
 from .options import flatten as flatten_options
 from .options import option_problems
 from .remote import url_problem
@@ -146,6 +146,12 @@ class _Checker:
         self.fail(path, f"expected one of {', '.join(repr(c) for c in choices)}, found {_describe(value)}{suggestion}")
         return None
 
+    def boolean(self, value: Any, path: str) -> bool | None:
+        if isinstance(value, bool):
+            return value
+        self.fail(path, f"expected true or false, found {_describe(value)}")
+        return None
+
     def integer(self, value: Any, path: str, minimum: int) -> int | None:
         if isinstance(value, bool) or not isinstance(value, int):
             self.fail(path, f"expected an integer >= {minimum}, found {_describe(value)}")
@@ -226,6 +232,8 @@ def _parse_model(check: _Checker, name: str, raw: dict[str, Any], path: str, fal
             values[field_name] = check.choice(raw[setting.key], f"{path}.{setting.key}", allowed)
         elif setting.type == IMPORT_PATH:
             values[field_name] = check.string(raw[setting.key], f"{path}.{setting.key}", _IMPORT_PATH, "'module:callable'")
+        elif setting.type == BOOLEAN:
+            values[field_name] = check.boolean(raw[setting.key], f"{path}.{setting.key}")
 
     if "factory" not in raw:
         check.fail(f"{path}.factory", "missing; expected 'module:callable' returning the torch.nn.Module")

@@ -34,6 +34,7 @@ OutputForm = Literal["classes", "plain"]  # runtime.OUTPUT_FORMS, which the load
 
 IMPORT_PATH = '`"module:callable"`'  # a Setting of this type is checked as an import path
 CHOICES = ""  # the type of a `Literal` field: the reference shows its values (`reference_type`)
+BOOLEAN = "boolean"  # a Setting of this type is checked as `true` or `false`
 
 
 @dataclass(frozen=True)
@@ -279,6 +280,20 @@ class ModelConfig:
             CHOICES,
             '`"classes"`',
             "`plain`: `load_compiled` returns dicts and tuples where the module returns library output classes or named tuples, so their library (transformers: about 1 s) is never imported",
+        ),
+    )
+
+    cpp_form: bool = field(
+        default=False,
+        metadata=setting(
+            "cpp-form",
+            BOOLEAN,
+            "`false`",
+            "`true`: also compile each variant's graph as C++, into one library per variant (AOTInductor's model container, "
+            "weights bound from the weights file at load), which `load_compiled` then loads first: each call crosses into C++ once "
+            "(see [The C++ form](#the-c-form)); adds a compile of 6-25 s per variant",
+            compiled=True,
+            keyed=True,
         ),
     )
 

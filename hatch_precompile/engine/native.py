@@ -26,6 +26,9 @@ from ..runtime._schema import NativeNeeds
 
 _MANYLINUX = re.compile(r"^manylinux_(\d+)_(\d+)_(\w+)$")
 _PYTHON_LIBRARY = re.compile(r"^libpython3\.\d+")
+# The ELF dynamic loader, which every process has: auditwheel leaves it out of a
+# policy's libraries and symbol versions alike (AOTInductor's libraries link it).
+_DYNAMIC_LOADER = re.compile(r"^(ld-linux.*|ld64\.so\.[12])$")
 
 
 @dataclass(frozen=True)
@@ -93,7 +96,7 @@ def system_needs(kernels: Iterable[KernelNeeds], provided_by_torch: set[str]) ->
     versions: dict[str, set[str]] = {}
     for kernel in kernels:
         for library in kernel.libraries:
-            if library in provided_by_torch or _PYTHON_LIBRARY.match(library):
+            if library in provided_by_torch or _PYTHON_LIBRARY.match(library) or _DYNAMIC_LOADER.match(library):
                 continue
             if library not in allowed:
                 raise UnprovidedLibraryError(
@@ -103,7 +106,7 @@ def system_needs(kernels: Iterable[KernelNeeds], provided_by_torch: set[str]) ->
                 )
             system.add(library)
         for library, needed in kernel.versions.items():
-            if library not in provided_by_torch:
+            if library not in provided_by_torch and not _DYNAMIC_LOADER.match(library):
                 versions.setdefault(library, set()).update(needed)
     policy = policies.versioned_symbols_policy(versions)
     return SystemNeeds(

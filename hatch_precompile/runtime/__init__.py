@@ -16,7 +16,8 @@ which torch, Python, platform and CPU, with file sizes and sha256) and one
 folder per model holding, per CPU target and shape variant, the
 AOTCompiledArtifact (`cpu_avx2.bin`), inductor's output module (`cpu_avx2.py`,
 the "lean form", where the build could check it runs on its own), the compiled
-kernels both use (`kernels/*.so`) and the weights.
+kernels both use (`kernels/*.so`), the "C++ form" where the model asked for one
+(`cpu_avx2_cpp.so`, which holds its own kernels) and the weights.
 
 The modules here, one job each:
   _layout.py         the name of every file and folder here
@@ -27,6 +28,7 @@ The modules here, one job each:
   _contract.py       check a call's arguments; rebuild the output structure
   _weights.py        bind the shipped, factory or caller's weights
   _ops.py            import the libraries that define the model's custom ops
+  _cpp.py            the C++ form: AOTInductor's model container library, weights bound per handle
   _lean.py           the lean form: run the output module and kernels directly
   _frozen_tensors.py an int8 variant's frozen constants, rebuilt (its only form is the lean one)
   _generate.py       generation from a decoder with a KV cache in its state: greedy, sampled, streamed
@@ -37,8 +39,10 @@ The modules here, one job each:
 Loading picks the best CPU target this process can run, from the manifest alone:
 same torch build and Python, every CPU feature the target needs, and kernels no
 wider than torch itself uses here (so ATEN_CPU_CAPABILITY=avx2 also limits us).
-Then it loads the lean form (no compiler is imported) or, where the build refused
-that, the artifact form (imports torch._inductor). No C++ compiler runs in either.
+Then it loads the C++ form where the model has one (`cpp-form = true`: the graph
+compiled by AOTInductor into one library), else the lean form (neither imports
+the compiler) or, where the build refused that, the artifact form (imports
+torch._inductor). No C++ compiler runs in any of them.
 
 Where no shipped artifact fits (a source checkout, an editable install, a wheel
 built without the hook, another torch, Python or CPU), the model's `fallback`
@@ -48,9 +52,9 @@ raises `PrecompiledModelError`. Either way the message says why and how to get o
 Environment variables (read when a model is loaded):
   HATCH_PRECOMPILE_CPU_TARGET  use only this CPU target ("avx2", "avx512")
   HATCH_PRECOMPILE_FALLBACK    "eager" or "error" for every model of this process
-  HATCH_PRECOMPILE_FORM        "auto" (default: lean where built, else artifact),
-                               "lean" (only the lean form, else the fallback applies)
-                               or "artifact" (always the AOTCompiledArtifact)
+  HATCH_PRECOMPILE_FORM        "auto" (default: C++ where built, else lean where built,
+                               else artifact), "cpp" or "lean" (only that form, else the
+                               fallback applies) or "artifact" (always the AOTCompiledArtifact)
   HATCH_PRECOMPILE_CACHE_DIR   the private cache: the artifact form's inductor cache and
                                stamps of weights files already verified (default
                                ~/.cache/hatch-precompile; read once per process)
@@ -61,13 +65,13 @@ from __future__ import annotations
 import threading
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
-from . import _artifact, _fork, _lean
+from . import _artifact, _cpp, _fork, _lean
 from ._contract import check_inputs, conform_layouts, flatten_call, given_back, unflatten
 from ._errors import PrecompiledFallbackWarning, PrecompiledIntegrityError, PrecompiledModelError
 from ._generate import Generating
-from ._manifest import MANIFEST_FORMAT, Choice, Plan, cpu_features, fallback_policy, plan, read_manifest, unavailable, why_artifact_form
+from ._manifest import MANIFEST_FORMAT, Choice, Plan, cpu_features, fallback_policy, plan, read_manifest, unavailable, why_form, without_cpp
 from ._ops import OpLibraryError, import_op_libraries
 from ._schema import ModelEntry, SourceModel, ships_weights
 from ._weights import bind_weights, build_module, read_weights
@@ -76,6 +80,7 @@ __all__ = ["PrecompiledFallbackWarning", "PrecompiledIntegrityError", "Precompil
 __all__ += ["MANIFEST_FORMAT"]  # read by the build, which writes manifests in this format
 
 OUTPUT_FORMS = ("classes", "plain")  # library output classes rebuilt, or dicts and tuples
+_FORM_NAMES = {"cpp": "C++ form", "lean": "lean form", "artifact": "artifact form"}
 
 _lock = threading.Lock()
 _loaded: dict[tuple[str, str], CompiledModel | _EagerModel] = {}  # (name, outputs) -> model with the default weights
@@ -122,7 +127,7 @@ def load_compiled(
         how = plan(name)
         if how.entry is not None and how.choices and name not in _variants:
             try:
-                _variants[name] = _Variants(name, how.entry, how.choices)
+                _variants[name] = _Variants(name, how.entry, how.choices, fallback_policy(fallback, how.model))
             except OpLibraryError as error:
                 how = Plan(how.model, how.entry, [], str(error))
             except (ImportError, OSError) as error:  # the dynamic loader refused a shipped kernel
@@ -169,11 +174,11 @@ def explain(name: str | None = None) -> str:
         if how.entry is None or not how.choices:
             lines.append(f"{each}: {how.reason}; fallback: {fallback_policy(None, how.model)}")
             continue
-        described = []
-        for choice in how.choices:
-            why = "" if choice.form == "lean" else why_artifact_form(choice)
-            described.append(f"{choice.file} ({choice.form} form{why})")
+        described = [f"{choice.file} ({_FORM_NAMES[choice.form]}{why_form(choice)})" for choice in how.choices]
         line = f"{each}: would load {', '.join(described)} for CPU target {how.choices[0].artifact['cpu_target']}"
+        loaded = _variants.get(each)
+        if loaded is not None and loaded.cpp_failure:
+            line += f"; loaded {', '.join(loaded.files)} instead: {loaded.cpp_failure}"
         op_libraries = how.entry["op_libraries"]
         if op_libraries:
             line += f", after importing {', '.join(sorted(set(op_libraries.values())))} (custom ops {', '.join(op_libraries)})"
@@ -197,23 +202,61 @@ load_compiled.explain = explain  # type: ignore[attr-defined]  # reachable throu
 
 class _Variants:
     """The loaded shape variants of one model for one CPU target, most
-    specialised first; weights are bound by `CompiledModel`."""
+    specialised first, each a graph that `CompiledModel` binds weights to. A
+    variant whose C++ form fails to load here loads in the form after it (the
+    reason is in `cpp_failure`), unless the model's fallback policy is "error"."""
 
-    def __init__(self, name: str, model: ModelEntry, choices: list[Choice]) -> None:
+    def __init__(self, name: str, model: ModelEntry, choices: list[Choice], policy: str) -> None:
         self.name, self.dims = name, model["dims"]
         import_op_libraries(model["op_libraries"])
         ordered = sorted(choices, key=lambda c: len(c.artifact["specialized"]), reverse=True)
-        forms = {"lean": _lean.load, "artifact": _artifact.load}
-        self.variants = [(c.artifact["specialized"], c.file, forms[c.form](name, model, c.artifact)) for c in ordered]
-        self.files = [c.file for c in choices]
+        self.cpp_failure = ""
+        self.variants: list[tuple[dict[str, int], str, _Graph]] = []
+        for planned in ordered:
+            graph, choice = self._load(name, model, planned, policy)
+            self.variants.append((choice.artifact["specialized"], choice.file, graph))
+        self.files = [file for _, file, _ in self.variants]
 
-    def pick(self, sizes: dict[str, int]) -> tuple[str, Callable[[list[Any]], Any]]:
-        """(file, runner) of the variant for these dim sizes: an exact bucket, else the dynamic one."""
-        for specialized, file, run in self.variants:
+    def _load(self, name: str, model: ModelEntry, choice: Choice, policy: str) -> tuple[_Graph, Choice]:
+        if choice.form == "cpp":
+            try:
+                return _cpp.load(name, model, choice.artifact), choice
+            except _cpp.CppFormError as error:
+                if policy == "error":
+                    raise PrecompiledModelError(f"{error} (fallback is 'error'; HATCH_PRECOMPILE_FORM=lean loads the lean form instead)") from None
+                self.cpp_failure = str(error)
+                other = without_cpp(choice)
+                if other is None:
+                    raise PrecompiledModelError(f"{error}, and no other form of {choice.artifact['file']} fits here") from None
+                choice = other
+        run = _lean.load(name, model, choice.artifact) if choice.form == "lean" else _artifact.load(name, model, choice.artifact)
+        return _PositionalGraph(run), choice
+
+    def pick(self, sizes: dict[str, int]) -> int:
+        """The index of the variant for these dim sizes: an exact bucket, else the dynamic one."""
+        for index, (specialized, _, _) in enumerate(self.variants):
             if all(sizes.get(dim) == size for dim, size in specialized.items()):
-                return file, run
+                return index
         dim, size = next((d, sizes[d]) for d, spec in self.dims.items() if not spec["dynamic"] and sizes[d] not in spec["buckets"])
         raise ValueError(f"model {self.name!r}: dim {dim!r} is {size}, but it was compiled only for the sizes {self.dims[dim]['buckets']}")
+
+
+class _Graph(Protocol):
+    """A loaded variant: `bind(weights)` gives a function of a call's flat inputs
+    that runs it with those weights (and that handle's state)."""
+
+    def bind(self, weights: list[Any]) -> Callable[[list[Any]], Any]: ...
+
+
+class _PositionalGraph:
+    """The lean and artifact forms: graphs that take the weights before the call's inputs."""
+
+    def __init__(self, run: Callable[[list[Any]], Any]) -> None:
+        self._run = run
+
+    def bind(self, weights: list[Any]) -> Callable[[list[Any]], Any]:
+        run = self._run
+        return lambda inputs: run([*weights, *inputs])
 
 
 class CompiledModel(Generating):
@@ -240,6 +283,8 @@ class CompiledModel(Generating):
         self._initial = weights  # shared by every handle; the state's values before any call
         copied = set(self._state_at.values()) if own_state else set()
         self._weights = [w.clone() if index in copied else w for index, w in enumerate(weights)]
+        # Each variant with these weights; the kept handle of a model with state is never called.
+        self._runs = [graph.bind(self._weights) for _, _, graph in variants.variants] if own_state or not self._state_at else []
 
     @property
     def has_state(self) -> bool:
@@ -272,16 +317,16 @@ class CompiledModel(Generating):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         flat_inputs, sizes = self._checked(args, kwargs)
-        _, run = self._variants.pick(sizes)
+        run = self._runs[self._variants.pick(sizes)]
         conformed = conform_layouts(self._inputs["leaves"], flat_inputs)
         _fork.note_call()
         with self._no_grad():
-            outputs = run([*self._weights, *conformed])
+            outputs = run(conformed)
         return unflatten(self._outputs["tree"], iter(given_back(outputs, conformed, flat_inputs)), self._classes)
 
     def artifact_for(self, *args: Any, **kwargs: Any) -> str:
         """Which shipped file would serve this call (shape buckets dispatch on size)."""
-        return self._variants.pick(self._checked(args, kwargs)[1])[0]
+        return self._variants.files[self._variants.pick(self._checked(args, kwargs)[1])]
 
     def check_inputs(self, *args: Any, **kwargs: Any) -> list[Any]:
         """Flatten a call's arguments and check them against what was compiled

@@ -10,6 +10,7 @@ them by these names and the loader reads them by the same ones.
         cpu_avx2.bin                   an artifact: one per CPU target and shape variant,
         cpu_avx2_batch8.bin            named by both (`artifact_file`)
         cpu_avx2.py, ...               each artifact's lean module (`lean_module_file`)
+        cpu_avx2_cpp.so, ...           each artifact's C++ form, where the model has one (`cpp_library_file`)
         cpu_avx2_constants.safetensors an int8 variant's frozen constants, instead of its
                                        artifact (`constants_file`); variants whose
                                        constants are the same bytes share the first's file
@@ -47,3 +48,8 @@ def constants_file(artifact: str) -> str:
     """What an int8 (frozen) variant ships instead of artifact `cpu_avx2.bin`: the
     constants its lean module binds, `cpu_avx2_constants.safetensors`."""
     return artifact.removesuffix(".bin") + "_constants.safetensors"
+
+
+def cpp_library_file(artifact: str) -> str:
+    """The C++ form of artifact `cpu_avx2.bin`: `cpu_avx2_cpp.so`."""
+    return artifact.removesuffix(".bin") + "_cpp.so"

@@ -18,7 +18,7 @@ from typing import Any
 
 from ._errors import PrecompiledIntegrityError, PrecompiledModelError
 from ._layout import BUILD_MODULE, MANIFEST_FILE
-from ._schema import ArtifactEntry, BuiltWith, Manifest, ModelEntry, NativeNeeds, SourceModel, TorchAndPython, has_lean_form, is_lean_only
+from ._schema import ArtifactEntry, BuiltWith, Manifest, ModelEntry, NativeNeeds, SourceModel, TorchAndPython, has_cpp_form, has_lean_form, is_lean_only
 
 HERE = Path(__file__).resolve().parent
 MANIFEST = HERE / MANIFEST_FILE
@@ -27,8 +27,8 @@ CONFIG_TABLE = ("tool", "hatch", "build", "hooks", "precompile")  # where pyproj
 
 CPU_TARGET_VARIABLE = "HATCH_PRECOMPILE_CPU_TARGET"  # force one CPU target (if the CPU can run it)
 FALLBACK_VARIABLE = "HATCH_PRECOMPILE_FALLBACK"  # "eager" or "error" for the whole process
-FORM_VARIABLE = "HATCH_PRECOMPILE_FORM"  # "auto" (default), "lean" or "artifact"
-FORMS = ("auto", "lean", "artifact")
+FORM_VARIABLE = "HATCH_PRECOMPILE_FORM"  # "auto" (default), "cpp", "lean" or "artifact"
+FORMS = ("auto", "cpp", "lean", "artifact")
 
 # torch.backends.cpu.get_cpu_capability() levels, lowest first; it honours a user's
 # ATEN_CPU_CAPABILITY downgrade, so a variant above it is never picked.
@@ -37,8 +37,9 @@ ATEN_LEVELS = ("DEFAULT", "AVX2", "AVX512")
 
 @dataclass(frozen=True)
 class Choice:
-    """One shipped shape variant and the form it loads in: "lean" (the inductor
-    output module and its kernels, no compiler imported) or "artifact" (the
+    """One shipped shape variant and the form it loads in: "cpp" (AOTInductor's
+    model container library), "lean" (the inductor output module and its
+    kernels; neither imports the compiler) or "artifact" (the
     AOTCompiledArtifact, through torch._inductor)."""
 
     artifact: ArtifactEntry
@@ -46,7 +47,8 @@ class Choice:
 
     @property
     def file(self) -> str:
-        file: str = self.artifact["lean"]["file"] if self.form == "lean" else self.artifact["file"]
+        record: Any = {"cpp": self.artifact.get("cpp"), "lean": self.artifact["lean"]}.get(self.form, self.artifact)
+        file: str = record["file"]
         return file
 
 
@@ -147,10 +149,21 @@ def running_environment() -> RunningEnvironment:
     return {**torch_and_python(), "cpu_features": cpu_features(), "aten_capability": torch.backends.cpu.get_cpu_capability()}
 
 
-def why_artifact_form(choice: Choice) -> str:
-    """Why a variant loads as the artifact, as `explain()` and `hatch-precompile inspect` say it."""
-    refused = choice.artifact["lean"].get("refused")
-    return f"; the build refused the lean form: {refused}" if refused else "; HATCH_PRECOMPILE_FORM=artifact"
+def why_form(choice: Choice) -> str:
+    """Why a variant loads in a form other than the C++ one, where a model may
+    have that, as `explain()` and `hatch-precompile inspect` say it: "" for the
+    C++ form, and for a model built without it (`cpp-form` unset)."""
+    if choice.form == "cpp" or ("cpp" not in choice.artifact and choice.form == "lean"):
+        return ""
+    requested = requested_form()
+    if requested != "auto":
+        return f"; {FORM_VARIABLE}={requested}"
+    reasons = []
+    if "cpp" in choice.artifact:
+        reasons.append(f"the build refused the C++ form: {choice.artifact['cpp']['refused']}" if "refused" in choice.artifact["cpp"] else "the C++ form does not fit here")
+    if choice.form == "artifact":
+        reasons.append(f"the build refused the lean form: {choice.artifact['lean'].get('refused')}")
+    return "; " + "; ".join(reasons)
 
 
 def requested_form() -> str:
@@ -218,32 +231,47 @@ def form_problems(built: BuiltWith, here: TorchAndPython, requested: str) -> dic
     of that release (+cpu, CUDA: the local label). The artifact form unpickles
     inductor's objects, so it needs exactly the torch build and Python it was made with."""
     same_release = _release(built["torch"]) == _release(here["torch"])
-    lean, artifact = [], []
+    cpp, lean, artifact = [], [], []
+    if requested in ("lean", "artifact"):
+        cpp.append(f"{FORM_VARIABLE}={requested}")
     if requested == "artifact":
         lean.append(f"{FORM_VARIABLE}=artifact")
-    if not same_release:
-        lean.append("torch differs")
-    if built["torch_git"] != here["torch_git"]:
-        lean.append("torch_git differs")
+    for same_torch in (cpp, lean):  # a library linked against that release's libtorch
+        if not same_release:
+            same_torch.append("torch differs")
+        if built["torch_git"] != here["torch_git"]:
+            same_torch.append("torch_git differs")
     if _numbers(here["python"]) < _numbers(built["python"]):
         lean.append(f"python differs: its kernels need CPython {built['python']} or later")
-    if requested == "lean":
-        artifact.append(f"{FORM_VARIABLE}=lean")
+    if requested in ("cpp", "lean"):
+        artifact.append(f"{FORM_VARIABLE}={requested}")
+    if requested == "cpp":
+        lean.append(f"{FORM_VARIABLE}=cpp")
     if built["torch"] != here["torch"]:
         artifact.append("torch differs" + (": it needs that exact build" if same_release else ""))
     if built["torch_git"] != here["torch_git"]:
         artifact.append("torch_git differs")
     if built["python"] != here["python"]:
         artifact.append("python differs: it needs that exact Python")
-    return {"lean": lean, "artifact": artifact}
+    return {"cpp": cpp, "lean": lean, "artifact": artifact}
 
 
 def _form_for(artifact: ArtifactEntry, forms: dict[str, list[str]]) -> str | None:
-    """The form one variant loads in: lean where the build shipped it and it fits, else
-    the artifact if that fits (an int8 variant has none)."""
+    """The form one variant loads in: C++ where the build shipped it and it fits,
+    else lean where that was shipped and fits, else the artifact if that fits (an
+    int8 variant has none)."""
+    if has_cpp_form(artifact) and not forms["cpp"]:
+        return "cpp"
     if has_lean_form(artifact) and not forms["lean"]:
         return "lean"
     return "artifact" if not forms["artifact"] and not is_lean_only(artifact) else None
+
+
+def without_cpp(choice: Choice) -> Choice | None:
+    """The form a variant loads in when its C++ form failed to load here."""
+    forms = form_problems(choice.artifact["built_with"], torch_and_python(), requested_form())
+    form = _form_for(choice.artifact, {**forms, "cpp": ["it failed to load"]})
+    return None if form is None else Choice(choice.artifact, form)
 
 
 def native_problems(native: NativeNeeds) -> list[str]:

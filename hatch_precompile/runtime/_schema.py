@@ -134,6 +134,16 @@ class LeanRecord(TypedDict):
     sha256: NotRequired[str]
 
 
+class CppRecord(TypedDict):
+    """An artifact's C++ form (`runtime/_cpp.py`): its library, or why the build has none."""
+
+    file: NotRequired[str]  # `<model>/cpu_avx2_cpp.so`
+    constants: NotRequired[dict[str, str]]  # the library's name for each constant -> its weight's state-dict name
+    refused: NotRequired[str]  # instead of the keys above
+    size: NotRequired[int]  # added at assembly, with sha256
+    sha256: NotRequired[str]
+
+
 class PrepackArgument(TypedDict):
     """One argument of a oneDNN prepack call: a tensor stored in the constants file, or a value."""
 
@@ -174,6 +184,7 @@ class ArtifactEntry(TypedDict):
     native: NativeNeeds
     built_with: BuiltWith
     lean: NotRequired[LeanRecord]  # added once the lean module is written
+    cpp: NotRequired[CppRecord]  # the C++ form, where the model asks for one (`cpp-form = true`)
     constants: NotRequired[dict[str, ConstantSpec]]  # an int8 variant's, by global name: it loads in the lean form only
     accuracy: NotRequired[AccuracyRecord]  # added once checked
     size: NotRequired[int]  # added at assembly, with sha256
@@ -198,6 +209,11 @@ class WeightsEntry(TypedDict):
 def has_lean_form(artifact: ArtifactEntry) -> bool:
     """Whether the build shipped this variant's lean module (else it said why not, `lean["refused"]`)."""
     return "file" in artifact["lean"]
+
+
+def has_cpp_form(artifact: ArtifactEntry) -> bool:
+    """Whether the build shipped this variant's C++ form (a model container library)."""
+    return "file" in artifact.get("cpp", {})
 
 
 def is_lean_only(artifact: ArtifactEntry) -> bool:

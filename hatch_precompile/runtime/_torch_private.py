@@ -47,6 +47,14 @@ What it relies on (measured on torch 2.13):
   weights are rebuilt by `torch.ops.onednn.qlinear_prepack(weight, x_shape)`
   and `qconv_prepack(weight, w_scales, x_scale, x_zp, stride, padding,
   dilation, groups, x_shape)` (`PREPACK_OPS`), the calls the build recorded.
+- The C++ form: `torch._C._aoti.AOTIModelContainerRunnerCpu(path, 1)` loads an
+  AOTInductor model container library (`dlopen`, no compiler, neither
+  `torch._inductor` nor `torch._dynamo` imported); `update_constant_buffer(map,
+  use_inactive=False, validate_full_updates=True, user_managed=True)` binds
+  every constant to the given tensor without a copy (a missing one is a
+  RuntimeError), and `run(tensors)` takes the graph's tensor inputs and returns
+  its user outputs, having updated the state (bound constants) in place. Each
+  runner is a container of its own, so each binds its own state.
 """
 
 from __future__ import annotations
@@ -240,3 +248,19 @@ def misaligned(tensor: Any) -> bool:
     """Whether inductor would copy this input before a call that checks alignment
     (`torch._inductor.utils.ALIGNMENT`, 16 bytes)."""
     return bool(tensor.data_ptr() % 16 != 0)
+
+
+def load_container(path: Path) -> Any:
+    """AOTInductor's model container in the library at `path` (its C++ runner, one
+    model instance: concurrent calls on it wait for each other). Raises RuntimeError
+    where the dynamic loader refuses the library."""
+    import torch
+
+    return torch._C._aoti.AOTIModelContainerRunnerCpu(str(path), 1)
+
+
+def bind_constants(container: Any, constants: dict[str, Any]) -> None:
+    """Make the container read its constants (every one, by its own name) from
+    these tensors, without copying them (`user_managed`): the weights stay in the
+    mapped file, and a state tensor it updates is the caller's."""
+    container.update_constant_buffer(constants, False, True, True)  # use_inactive, validate_full_updates, user_managed

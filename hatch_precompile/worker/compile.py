@@ -32,10 +32,11 @@ from ..runtime._frozen_tensors import rebuild_constants
 from ..runtime._layout import KERNELS_DIR, artifact_file, constants_file, kernel_file, lean_module_file
 from ..runtime._lean import make_runner
 from ..runtime._manifest import cpu_features
-from ..runtime._schema import ArtifactEntry, BatchAccuracy, LeanRecord, ModelEntry, OutputLeaf, QuantizationRecord, WeightsEntry, is_lean_only
-from . import torch_internals
+from ..runtime._schema import ArtifactEntry, BatchAccuracy, CppRecord, LeanRecord, ModelEntry, OutputLeaf, QuantizationRecord, WeightsEntry, has_cpp_form, has_lean_form, is_lean_only
+from . import cpp_form, torch_internals
 from .accuracy import EXAMPLE_INPUTS_BESIDE_CALIBRATION, SANITY_BOUNDS, check_accuracy, check_steps
 from .capture import Captured, _torch_error
+from .cpp_form import CppCandidate
 from .frozen_tensors import ConstantsRefused, save_constants
 from .key import artifact_key, build_environment
 from .lean import LeanCandidate, LeanRefused, rewrite
@@ -88,6 +89,7 @@ class ProducedArtifact:
     origin: str  # "compiled", "cached", or "part <folder>"
     candidate: LeanCandidate | None
     checked_here: bool  # False: from a part for a CPU this machine lacks
+    cpp_candidate: CppCandidate | None = None  # its C++ form, compiled here, waiting for its check
 
 
 def produce_artifact(
@@ -123,10 +125,14 @@ def produce_artifact(
     if entry is None and int8 is not None:
         entry, outputs, run = _compile_frozen(model, captured, fixed, target, out_dir, file, flat, copy.deepcopy(int8))
         origin = "compiled"
+        if model.cpp_form:
+            entry["cpp"] = {"refused": cpp_form.refusal(model, {}, "")}
     elif entry is None:
         entry, outputs, run, output_module = _compile_artifact(model, captured, fixed, target, out_dir, file, flat)
         origin = "compiled"
         entry["lean"] = _static_lean_record(model, captured, output_module, entry, out_dir)
+        if model.cpp_form:
+            entry["cpp"] = _cpp_record(model, captured, target, entry, out_dir)
     elif not set(entry["cpu_features"]) <= cpu_features():
         return ProducedArtifact(entry, key, origin, None, checked_here=False)
     else:
@@ -149,7 +155,14 @@ def produce_artifact(
         entry["accuracy"]["calls"] = against_float32["calls"]
         entry["accuracy"]["token_agreement"] = against_float32["token_agreement"]
     sequence = _CheckedSequence(initial, calls, [outputs, *steps], sorted(state_inputs), state)
-    return ProducedArtifact(entry, key, origin, _lean_candidate(entry, sequence, out_dir), checked_here=True)
+    cpp = origin == "compiled" and has_cpp_form(entry)
+    data_path = _save_sequence(entry, sequence, out_dir) if cpp or has_lean_form(entry) else None
+    lean = LeanCandidate(entry, out_dir / entry["lean"]["file"], data_path) if data_path and has_lean_form(entry) else None
+    cpp_candidate = None
+    if cpp and data_path:
+        eager_outputs = captured.eager_run[0]
+        cpp_candidate = CppCandidate(entry, out_dir / entry["cpp"]["file"], data_path, list(lifted_weights(captured)), captured.input_leaves, eager_outputs, captured.reference_outputs)
+    return ProducedArtifact(entry, key, origin, lean, checked_here=True, cpp_candidate=cpp_candidate)
 
 
 @dataclass
@@ -356,16 +369,22 @@ def _static_lean_record(model: ModelConfig, captured: Captured, output_module: t
     return {"file": module_path.name, "extern_kernels": lean.extern_kernels, "inputs_to_check": inputs_to_check}
 
 
-def _lean_candidate(entry: ArtifactEntry, sequence: _CheckedSequence, out_dir: Path) -> LeanCandidate | None:
-    """The lean module, with what to check it against (the artifact's outputs and
-    state, which passed the accuracy check), where the entry has one."""
-    if "file" not in entry["lean"]:
-        return None
-    module_path = out_dir / entry["lean"]["file"]
-    data_path = out_dir / CHECK_DIR / f"{module_path.stem}.pt"
+def _save_sequence(entry: ArtifactEntry, sequence: _CheckedSequence, out_dir: Path) -> Path:
+    """What the fresh-process checks of the lean and C++ forms run and compare
+    with (the artifact's outputs and state, which passed the accuracy check)."""
+    data_path = out_dir / CHECK_DIR / f"{Path(entry['file']).stem}.pt"
     data_path.parent.mkdir(exist_ok=True)
     torch.save(dataclasses.asdict(sequence), data_path)
-    return LeanCandidate(entry, module_path, data_path)
+    return data_path
+
+
+def _cpp_record(model: ModelConfig, captured: Captured, target: CpuTarget, entry: ArtifactEntry, out_dir: Path) -> CppRecord:
+    """The variant's C++ form, compiled from the same capture, or why it has none."""
+    reason = cpp_form.refusal(model, torch_internals.python_op_libraries(captured.exported), torch_internals.aliased_output(captured.exported))
+    if reason:
+        return {"refused": reason}
+    config, _, _ = _target_config(model, target)
+    return cpp_form.produce(model, captured.exported, config, entry, out_dir, list(lifted_weights(captured)))
 
 
 def _output_leaves(exported: torch.export.ExportedProgram, captured: Captured) -> list[OutputLeaf]:

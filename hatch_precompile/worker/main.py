@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from ..engine.protocol import BuiltModel, Progress, WorkerFailure, WorkerRequest, write_result
 from ..engine.remote import Traffic, remote_cache
-from ..runtime._schema import QuantizationRecord, WeightsEntry, has_lean_form, is_lean_only
+from ..runtime._schema import QuantizationRecord, WeightsEntry, has_cpp_form, has_lean_form, is_lean_only
 
 if TYPE_CHECKING:
     from .capture import Captured
@@ -91,6 +91,7 @@ def run(requests: list[WorkerRequest]) -> None:
             failed = next(m.request for m in compiled if m.request.model.name == error.model)
             write_result(failed.out_dir, WorkerFailure(error.step, error.message))
             raise
+        _check_cpp_forms(compiled)
         for model in compiled:
             write_result(model.request.out_dir, _finish(model))
 
@@ -163,6 +164,10 @@ def _finish(model: _Compiled) -> BuiltModel:
         form = "lean form" if has_lean_form(artifact.entry) else f"artifact form only, lean form refused: {lean['refused']}"
         if is_lean_only(artifact.entry):
             form = f"int8, lean form only ({lean['file']})"
+        if has_cpp_form(artifact.entry):
+            form = f"C++ form ({artifact.entry['cpp']['file']}) and {form}"
+        elif "cpp" in artifact.entry:
+            form += f"; no C++ form: {artifact.entry['cpp']['refused']}"
         _report(request.model.name, f"{artifact.entry['file']}: {form}")
     _report_remote(request)
     return BuiltModel(
@@ -211,6 +216,23 @@ def _check_lean_forms(models: list[_Compiled]) -> None:
         if reason:
             candidate.module_path.unlink()
             candidate.artifact["lean"] = {"refused": reason}
+
+
+def _check_cpp_forms(models: list[_Compiled]) -> None:
+    """Run each model's freshly compiled C++ forms in a new interpreter and compare
+    them with eager (`cpp_form.check_in_fresh_process`); a failing one is removed
+    and its variants ship in the lean form, saying why."""
+    from .compile import CHECK_DIR
+    from .cpp_form import check_in_fresh_process
+
+    for model in models:
+        candidates = [a.cpp_candidate for a in model.produced if a.cpp_candidate is not None]
+        if not candidates:
+            continue
+        scratch = model.request.out_dir / CHECK_DIR / "cpp"
+        scratch.mkdir(parents=True, exist_ok=True)
+        with _step(model.request.model.name, f"ran the C++ form of {len(candidates)} variant(s) in a fresh process and compared with eager"):
+            check_in_fresh_process(model.request.model, candidates, scratch)
 
 
 def main(request_paths: list[str]) -> int:

@@ -12,11 +12,13 @@ torch, so that a torch upgrade touches this package alone:
 - `kernels`: the C++ compiler's outputs: kernels built against the stable ABI
   and without this build's paths, precompiled headers, vector-ISA probes;
 - `frozen`: int8 graphs compiled with their weights frozen in;
-- `low_bit`: the CPU kernels for 8- and 4-bit weights (weight-only quantization).
+- `low_bit`: the CPU kernels for 8- and 4-bit weights (weight-only quantization);
+- `aoti`: the C++ form, AOTInductor's model container, reproducible and weightless.
 
 The rest of the worker imports the names below from here.
 """
 
+from .aoti import aliased_output, compile_container, container_constants
 from .export import LAZY_DECOMPOSITION_MODULES, DimFix, constraint_fixes, decompose, python_op_libraries, tree_leaves, tree_map, treespec_to_json
 from .frozen import FrozenGraph, compile_frozen, is_onednn_packed, pre_grad_pass_kept
 from .inductor import compile_exported, extern_kernel_is_torch_function, output_module, save_artifact, start_model, torch_key, wrapper_work
@@ -29,11 +31,14 @@ __all__ = [
     "TORCH_PATH_MAP",
     "DimFix",
     "FrozenGraph",
+    "aliased_output",
     "captured_kernels",
+    "compile_container",
     "compile_exported",
     "compile_frozen",
     "compiler_outputs_in",
     "constraint_fixes",
+    "container_constants",
     "decompose",
     "extern_kernel_is_torch_function",
     "int4_weight_matmul",

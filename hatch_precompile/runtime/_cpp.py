@@ -1,0 +1,67 @@
+"""The C++ form: the graph as AOTInductor's model container, compiled at build time.
+
+The build compiled each variant's captured graph a second time with AOTInductor
+into one library (`cpu_avx2_cpp.so`): the graph's wrapper in C++ and its kernels,
+holding no weights. Loading it is one `dlopen` (no compiler, neither
+`torch._inductor` nor `torch._dynamo` imported), and a call crosses into C++
+once, where the lean form's Python wrapper makes one call per kernel and
+allocation. The weights are bound by name, without a copy, to the tensors the
+loader mapped from the weights file; a model with state gets one container per
+handle, bound to that handle's own state, which its calls update in place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from . import _torch_private
+from ._errors import PrecompiledIntegrityError
+from ._integrity import verified_path
+from ._manifest import HERE
+from ._schema import ArtifactEntry, CppRecord, InputLeaf, ModelEntry
+
+
+class CppFormError(RuntimeError):
+    """The library was shipped intact but cannot be loaded here (the dynamic
+    loader's reason: a missing library or symbol, another CPU)."""
+
+
+def load(name: str, model: ModelEntry, artifact: ArtifactEntry) -> ContainerGraph:
+    """Verify the library, load it once (so that a library that cannot load here
+    fails now, not at a handle's first call); returns the graph to bind."""
+    record = artifact["cpp"]
+    path = verified_path(record)
+    graph = ContainerGraph(path, record, model["weights"]["order"], model["inputs"]["leaves"])
+    try:
+        graph.first = _torch_private.load_container(path)
+    except RuntimeError as error:
+        raise CppFormError(f"model {name!r}: {HERE / record['file']} cannot be loaded here: {error}") from None
+    return graph
+
+
+class ContainerGraph:
+    """One variant's library; `bind` gives a function of the call's flat inputs."""
+
+    def __init__(self, path: Path, record: CppRecord, order: list[str], leaves: list[InputLeaf]) -> None:
+        self.path = path
+        self._constants = {constant: order.index(weight) for constant, weight in record["constants"].items()}
+        # The container takes the call's tensors alone: the constants a call passes are compiled in.
+        self._tensors = [index for index, leaf in enumerate(leaves) if "dtype" in leaf]
+        self._every_input_a_tensor = len(self._tensors) == len(leaves)
+        self.first: Any = None
+
+    def bind(self, weights: list[Any]) -> Callable[[list[Any]], Any]:
+        """A container reading its constants from `weights` (the graph's order):
+        the first bind takes the container `load` made, later ones a new one."""
+        container, self.first = self.first or _torch_private.load_container(self.path), None
+        try:
+            _torch_private.bind_constants(container, {constant: weights[index] for constant, index in self._constants.items()})
+        except RuntimeError as error:
+            raise PrecompiledIntegrityError(f"{self.path}: binding its weights failed: {error}") from None
+        run: Callable[[list[Any]], Any] = container.run
+        positions = self._tensors
+        if self._every_input_a_tensor:
+            return run
+        return lambda inputs: run([inputs[index] for index in positions])

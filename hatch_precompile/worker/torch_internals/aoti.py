@@ -1,0 +1,107 @@
+"""Compiling an export program with AOTInductor into a model container library
+that holds no weights: the C++ form (`worker/cpp_form.py`).
+
+What it relies on (measured on torch 2.13; `tests/test_torch_assumptions.py`
+checks each):
+- `torch._inductor.aoti_compile_and_package(exported, package_path=...,
+  inductor_configs=...)` writes a `.pt2` zip whose one `.so` member is the model
+  container: the graph's C++ wrapper and its kernels, linked against
+  libtorch_cpu and libgomp, with no Python symbol. With
+  `aot_inductor.package_constants_in_so=False` the library holds no constant
+  (the weights stay out of it); the loader binds them.
+- Reproducible libraries. Every C++ compile of it goes through
+  `torch._inductor.codecache.CppBuilder(name, sources, BuildOption,
+  output_dir)`; `BuildOption._passthrough_args` reach the command line.
+  `aot_inductor.enable_line_tables=False` drops `-g1` (line tables name the
+  cache folder). What is left of this build's paths is `__FILE__`: torch's
+  headers (mapped to `torch/...`, as the kernels' are) and the generated
+  sources, whose names hash their text, which quotes the compile command with
+  the cache folder in it; each source is mapped to a fixed name
+  (`wrapper.cpp`, `kernel.cpp`). Two builds in two cache folders then give the
+  same bytes.
+- The precompiled headers come from `codecache._precompile_header`, which
+  `kernels.precompiled_headers_in` supplies, as for the kernels.
+- `torch._C._aoti.AOTIModelContainerRunnerCpu(path, 1)` loads the library;
+  `get_constant_names_to_original_fqns()` maps its constants to the export's
+  state-dict names (`runtime/_torch_private.py` binds them at load).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .kernels import TORCH_PATH_MAP, _compiler_outputs, precompiled_headers_in
+
+# Inductor options of the container: no weights inside, no line tables (paths).
+CONTAINER_CONFIG = {"aot_inductor.package_constants_in_so": False, "aot_inductor.enable_line_tables": False}
+
+
+def compile_container(exported: torch.export.ExportedProgram, inductor_config: dict[str, Any]) -> bytes:
+    """The model container library of `exported`, compiled with `inductor_config`
+    (the model's options and its CPU target's) and holding no weights."""
+    with tempfile.TemporaryDirectory(prefix="hatch-precompile-aoti-") as scratch, _reproducible_compiles(), contextlib.ExitStack() as headers:
+        if _compiler_outputs:
+            headers.enter_context(precompiled_headers_in(_compiler_outputs[-1] / "headers"))
+        package = Path(scratch) / "model.pt2"
+        with torch.no_grad():
+            torch._inductor.aoti_compile_and_package(exported, package_path=str(package), inductor_configs={**inductor_config, **CONTAINER_CONFIG})
+        with zipfile.ZipFile(package) as archive:
+            libraries = [name for name in archive.namelist() if name.endswith(".so")]
+            if len(libraries) != 1:
+                raise RuntimeError(f"AOTInductor's package holds {len(libraries)} libraries ({libraries}), where hatch-precompile expects one")
+            return archive.read(libraries[0])
+
+
+@contextlib.contextmanager
+def _reproducible_compiles() -> Iterator[None]:
+    """While active, AOTInductor's C++ compiles write no path of this build into
+    the library: see the module docstring."""
+    from torch._inductor import codecache
+
+    original = codecache.CppBuilder
+
+    class Reproducible(original):  # type: ignore[misc,valid-type]
+        def __init__(self, name: str, sources: str | list[str], BuildOption: Any, output_dir: str = "") -> None:
+            names = [sources] if isinstance(sources, str) else list(sources)
+            fixed = [f"-ffile-prefix-map={source}={os.path.basename(source).split('.', 1)[-1]}" for source in names if source.endswith(".cpp")]
+            BuildOption._passthrough_args = [*BuildOption._passthrough_args, TORCH_PATH_MAP, "-s", *fixed]
+            super().__init__(name, sources, BuildOption, output_dir)
+
+    codecache.CppBuilder = Reproducible  # type: ignore[misc]
+    try:
+        yield
+    finally:
+        codecache.CppBuilder = original  # type: ignore[misc]
+
+
+def container_constants(library: Path) -> dict[str, str]:
+    """The library's constants: its name for each -> the export's state-dict name."""
+    runner = torch._C._aoti.AOTIModelContainerRunnerCpu(str(library), 1)
+    return dict(runner.get_constant_names_to_original_fqns())
+
+
+def aliased_output(exported: torch.export.ExportedProgram) -> str:
+    """Why the container cannot return this graph's outputs as the module does, or
+    "": an output that is an input, a weight or a buffer, or a view of one (the
+    container returns a tensor of its own, so the caller would lose the
+    aliasing), or one that is not a tensor."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    nodes = list(exported.graph_module.graph.nodes)
+    inputs = {StorageWeakRef(n.meta["val"].untyped_storage()) for n in nodes if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)}
+    user_outputs = [spec.kind.name == "USER_OUTPUT" for spec in exported.graph_signature.output_specs]
+    for index, node in enumerate(n for n, user in zip(nodes[-1].args[0], user_outputs) if user):
+        value = node.meta.get("val") if isinstance(node, torch.fx.Node) else node
+        if not isinstance(value, torch.Tensor):
+            return f"output {index} is not a tensor ({type(value).__name__})"
+        if StorageWeakRef(value.untyped_storage()) in inputs:
+            return f"output {index} is an input, a weight or a buffer, or a view of one, and the container would return a copy"
+    return ""
