@@ -18,9 +18,11 @@ from email.parser import Parser
 from pathlib import Path
 
 import pytest
+import safetensors.torch
 import torch
 
 from hatch_precompile.engine.assemble import RUNTIME_FILES
+from hatch_precompile.engine.native import stricter_platform
 
 from conftest import EXAMPLE, REPO, ExampleBuild, Venv, assert_said_plainly, isolated_build, no_compiler_env, pin_build_torch, run, session_compiler_outputs, sharing_compiler_outputs, with_find_links
 
@@ -69,14 +71,15 @@ def _metadata(text: str) -> list[str]:
 
 
 @pytest.mark.release
-def test_wheel_is_tagged_for_the_stable_abi_of_this_python_and_torchs_platform(example_build: ExampleBuild) -> None:
+def test_wheel_is_tagged_for_the_stable_abi_of_this_python_and_the_stricter_of_torchs_platform_and_its_libraries(example_build: ExampleBuild) -> None:
     tag = example_build.wheel.name.removesuffix(".whl").split("-", 2)[2]
     torch_wheel_info = importlib.metadata.distribution("torch").read_text("WHEEL")
     torch_platform = next(line for line in torch_wheel_info.splitlines() if line.startswith("Tag:")).rsplit("-", 1)[1]
     with zipfile.ZipFile(example_build.wheel) as wheel:
         wheel_info = wheel.read("example_pkg-0.1.0.dist-info/WHEEL").decode()
+        (artifact,) = json.loads(wheel.read(PRECOMPILED + "manifest.json"))["models"]["encoder"]["artifacts"]
     py = f"cp{sys.version_info.major}{sys.version_info.minor}"
-    assert tag == f"{py}-abi3-{torch_platform}"
+    assert tag == f"{py}-abi3-{stricter_platform(torch_platform, artifact['native']['policy'])}"
     assert "Root-Is-Purelib: false" in wheel_info
 
 
@@ -101,7 +104,7 @@ def test_wheel_holds_loader_manifest_artifact_and_weights(example_build: Example
         for expected in (*RUNTIME_FILES, "manifest.json", "_build.py"):
             assert PRECOMPILED + expected in names
         encoder = manifest["models"]["encoder"]
-        shipped = [encoder["weights"], *encoder["artifacts"], encoder["artifacts"][0]["lean"], *encoder["kernels"].values()]
+        shipped = [encoder["weights"], *encoder["artifacts"], encoder["artifacts"][0]["lean"], encoder["artifacts"][0]["cpp"], *encoder["kernels"].values()]
         for record in shipped:
             data = wheel.read(PRECOMPILED + record["file"])
             assert len(data) == record["size"]
@@ -113,6 +116,13 @@ def test_wheel_holds_loader_manifest_artifact_and_weights(example_build: Example
     assert artifact["built_with"]["python"] == f"{sys.version_info.major}.{sys.version_info.minor}"
     assert artifact["device"] == "cpu" and artifact["file"] == "encoder/cpu_avx2.bin"
     assert artifact["lean"]["file"] == "encoder/cpu_avx2.py" and artifact["lean"]["extern_kernels"] == ["addmm"]
+    # The C++ form: one library, holding no weights (they are bound by name at load).
+    assert artifact["cpp"]["file"] == "encoder/cpu_avx2_cpp.so"
+    assert sorted(artifact["cpp"]["constants"].values()) == sorted(encoder["weights"]["order"])
+    with zipfile.ZipFile(example_build.wheel) as wheel:
+        library = wheel.read(PRECOMPILED + artifact["cpp"]["file"])
+        embedding = safetensors.torch.load(wheel.read(PRECOMPILED + encoder["weights"]["file"]))["tokens.weight"]
+    assert embedding.numel() == 1000 * 64 and embedding[:4].numpy().tobytes() not in library
     assert artifact["cpu_target"] == "avx2" and artifact["aten_capability"] == "AVX2"
     assert set(artifact["kernels"]) == set(encoder["kernels"]) and len(artifact["kernels"]) >= 1
     assert encoder["inputs"]["leaves"] == [{"name": "input_ids", "dtype": "int64", "device": "cpu", "shape": ["batch", 64], "layout": "contiguous", "below": 1000}]
@@ -147,12 +157,13 @@ def test_build_reports_progress_per_model_and_step(example_build: ExampleBuild) 
 @pytest.mark.parametrize(
     ("form", "loaded", "compiler"),
     [
-        ("auto", "encoder/cpu_avx2.py", []),
+        ("auto", "encoder/cpu_avx2_cpp.so", []),
+        ("cpp", "encoder/cpu_avx2_cpp.so", []),
         ("lean", "encoder/cpu_avx2.py", []),
         ("artifact", "encoder/cpu_avx2.bin", ["torch._dynamo", "torch._inductor"]),
     ],
 )
-def test_compiled_encoder_matches_eager_in_both_forms_with_no_compiler(deploy_venv: Venv, tmp_path: Path, form: str, loaded: str, compiler: list[str]) -> None:
+def test_compiled_encoder_matches_eager_in_every_form_with_no_compiler(deploy_venv: Venv, tmp_path: Path, form: str, loaded: str, compiler: list[str]) -> None:
     env = no_compiler_env(tmp_path, HATCH_PRECOMPILE_FORM=form)
     report = json.loads(deploy_venv.script(COMPARE_WITH_EAGER, env=env).stdout)
     assert not (tmp_path / "compiler-used").exists()

@@ -54,6 +54,7 @@ def encoder_files(package: Path) -> dict[str, str]:
     return {
         "artifact": artifact["file"],
         "lean module": artifact["lean"]["file"],
+        "C++ library": artifact["cpp"]["file"],
         "weights": model["weights"]["file"],
         "kernel": model["kernels"][artifact["kernels"][0]]["file"],
     }
@@ -85,15 +86,17 @@ def assert_refused(result: subprocess.CompletedProcess[str], *phrases: str) -> N
         assert phrase in last, last
 
 
-@pytest.mark.parametrize("form", ["lean", "artifact"])
+@pytest.mark.parametrize("form", ["cpp", "lean", "artifact"])
 def test_the_copy_loads_when_untouched(deploy_venv: Venv, package: Path, form: str) -> None:
     result = run_copy(deploy_venv, package, HATCH_PRECOMPILE_FORM=form)
     assert result.returncode == 0, result.stderr[-2000:]
-    loaded = "encoder/cpu_avx2.py" if form == "lean" else "encoder/cpu_avx2.bin"
+    loaded = {"cpp": "encoder/cpu_avx2_cpp.so", "lean": "encoder/cpu_avx2.py", "artifact": "encoder/cpu_avx2.bin"}[form]
     assert f"<compiled model 'encoder' from {loaded}>" in result.stdout
 
 
-@pytest.mark.parametrize(("which", "form"), [("lean module", "lean"), ("artifact", "artifact"), ("weights", "lean"), ("kernel", "lean"), ("kernel", "artifact")])
+@pytest.mark.parametrize(
+    ("which", "form"), [("C++ library", "cpp"), ("weights", "cpp"), ("lean module", "lean"), ("artifact", "artifact"), ("weights", "lean"), ("kernel", "lean"), ("kernel", "artifact")]
+)
 @pytest.mark.parametrize("damage", ["flip a byte", "truncate"])
 def test_a_damaged_file_is_refused_by_name_before_use(deploy_venv: Venv, package: Path, which: str, form: str, damage: str) -> None:
     path = package / encoder_files(package)[which]
@@ -108,9 +111,10 @@ def test_a_damaged_file_is_refused_by_name_before_use(deploy_venv: Venv, package
 
 
 def test_a_missing_file_is_refused_by_name(deploy_venv: Venv, package: Path) -> None:
-    path = package / encoder_files(package)["kernel"]
-    path.unlink()
-    assert_refused(run_copy(deploy_venv, package), "PrecompiledIntegrityError", f"{path} is missing")
+    for which, form in (("kernel", "lean"), ("C++ library", "cpp")):
+        path = package / encoder_files(package)[which]
+        path.unlink()
+        assert_refused(run_copy(deploy_venv, package, HATCH_PRECOMPILE_FORM=form), "PrecompiledIntegrityError", f"{path} is missing")
 
 
 def test_an_edited_manifest_is_refused(deploy_venv: Venv, package: Path) -> None:
@@ -169,19 +173,21 @@ def test_another_torch_or_python_is_never_loaded_and_both_sides_are_named(deploy
         ("torch", f"{torch.__version__.split('+')[0]}+cu130", "torch differs: it needs that exact build"),
     ],
 )
-def test_the_lean_form_runs_under_a_later_python_and_another_build_of_the_release_and_the_artifact_form_does_not(
+def test_the_cpp_and_lean_forms_run_under_a_later_python_and_another_build_of_the_release_and_the_artifact_form_does_not(
     deploy_venv: Venv, package: Path, field: str, value: str, artifact_refusal: str
 ) -> None:
     """What a wheel built on an older CPython, or with another build of the same
-    torch release (CPU against CUDA), looks like to this process: the lean form's
-    stable-ABI kernels and output module run here, the artifact's pickle does not.
+    torch release (CPU against CUDA), looks like to this process: the C++ form's
+    library (linked against that release's libtorch, no Python symbol) and the lean
+    form's stable-ABI kernels and output module run here, the artifact's pickle does not.
     (tests/test_other_pythons.py loads a real wheel on real other Pythons and builds.)"""
     manifest = manifest_of(package)
     manifest["models"]["encoder"]["artifacts"][0]["built_with"][field] = value
     reseal(package / "manifest.json", manifest)
-    lean = run_copy(deploy_venv, package)
-    assert lean.returncode == 0, lean.stderr[-2000:]
-    assert "<compiled model 'encoder' from encoder/cpu_avx2.py>" in lean.stdout
+    for form, file in (("auto", "cpu_avx2_cpp.so"), ("lean", "cpu_avx2.py")):
+        loaded = run_copy(deploy_venv, package, HATCH_PRECOMPILE_FORM=form)
+        assert loaded.returncode == 0, loaded.stderr[-2000:]
+        assert f"<compiled model 'encoder' from encoder/{file}>" in loaded.stdout
     refused = run_copy(deploy_venv, package, FALLS_BACK, **ARTIFACT_FORM)
     error = refused.stdout.strip().splitlines()[0]
     assert "the lean form: HATCH_PRECOMPILE_FORM=artifact; the artifact form: " + artifact_refusal in error, error
@@ -215,7 +221,9 @@ except _precompiled.PrecompiledModelError:
 
 def test_explain_names_the_variant_and_form_that_would_load(deploy_venv: Venv, package: Path) -> None:
     code = "from example_pkg import load_compiled\nprint(load_compiled.explain())"
-    assert run_copy(deploy_venv, package, code).stdout.strip() == "encoder: would load encoder/cpu_avx2.py (lean form) for CPU target avx2"
+    assert run_copy(deploy_venv, package, code).stdout.strip() == "encoder: would load encoder/cpu_avx2_cpp.so (C++ form) for CPU target avx2"
+    lean = run_copy(deploy_venv, package, code, HATCH_PRECOMPILE_FORM="lean").stdout.strip()
+    assert lean == "encoder: would load encoder/cpu_avx2.py (lean form; HATCH_PRECOMPILE_FORM=lean) for CPU target avx2"
     assert run_copy(deploy_venv, package, code, **ARTIFACT_FORM).stdout.strip() == ("encoder: would load encoder/cpu_avx2.bin (artifact form; HATCH_PRECOMPILE_FORM=artifact) for CPU target avx2")
 
 
@@ -327,7 +335,7 @@ def test_with_a_cache_that_cannot_be_written_weights_are_hashed_every_time(deplo
     for _ in range(2):
         result = run_copy(deploy_venv, package, COUNTS_HASHES, **unwritable)
         assert result.returncode == 0, result.stderr[-2000:]
-        assert "<compiled model 'encoder' from encoder/cpu_avx2.py>" in result.stdout and "HASHED 1" in result.stdout
+        assert "<compiled model 'encoder' from encoder/cpu_avx2_cpp.so>" in result.stdout and "HASHED 1" in result.stdout
     path = package / encoder_files(package)["weights"]
     _flip_in_place_keeping_the_times(path)
     assert_refused(run_copy(deploy_venv, package, **unwritable), "PrecompiledIntegrityError", str(path))
@@ -362,6 +370,30 @@ def test_kernels_needing_a_newer_glibc_fall_back_before_any_native_code_loads(de
     assert "PrecompiledFallbackWarning" in result.stderr and "its kernels need glibc 2.99" in result.stderr
 
 
+# The C++ form's library holds its own kernels: what the lean form loads is read in the lean form.
+LEAN_FORM = {"HATCH_PRECOMPILE_FORM": "lean"}
+
+
+def test_a_cpp_library_the_dynamic_loader_refuses_falls_back_to_the_lean_form_or_raises_per_policy(deploy_venv: Venv, package: Path) -> None:
+    """A library that passes its hash but cannot be loaded (a missing symbol, a
+    damaged system library) loads the lean form instead, and explain() says why;
+    with fallback "error" that is an error naming the model, the file and the cause."""
+    manifest = manifest_of(package)
+    record = manifest["models"]["encoder"]["artifacts"][0]["cpp"]
+    (package / record["file"]).write_bytes(b"not a library")
+    record.update(size=13, sha256=hashlib.sha256(b"not a library").hexdigest())
+    reseal(package / "manifest.json", manifest)
+    code = LOAD + "print(load_compiled.explain('encoder'))\n"
+    lean = run_copy(deploy_venv, package, code)
+    assert lean.returncode == 0, lean.stderr[-2000:]
+    assert "<compiled model 'encoder' from encoder/cpu_avx2.py>" in lean.stdout
+    library = package / record["file"]
+    assert f"(C++ form) for CPU target avx2; loaded encoder/cpu_avx2.py instead: model 'encoder': {library} cannot be loaded here: " in lean.stdout
+    assert "Error in dlopen" in lean.stdout and "file too short" in lean.stdout
+    refused = run_copy(deploy_venv, package, HATCH_PRECOMPILE_FALLBACK="error")
+    assert_refused(refused, "PrecompiledModelError", "model 'encoder'", str(library), "file too short", "HATCH_PRECOMPILE_FORM=lean")
+
+
 def test_a_kernel_the_dynamic_loader_refuses_falls_back_per_policy(deploy_venv: Venv, package: Path) -> None:
     """A kernel that passes its hash but cannot be loaded (here: not an ELF file,
     as a damaged system library would make it) is a fallback, never a crash."""
@@ -371,11 +403,11 @@ def test_a_kernel_the_dynamic_loader_refuses_falls_back_per_policy(deploy_venv: 
     (package / record["file"]).write_bytes(b"not a kernel")
     record.update(size=12, sha256=hashlib.sha256(b"not a kernel").hexdigest())
     reseal(package / "manifest.json", manifest)
-    eager = run_copy(deploy_venv, package)
+    eager = run_copy(deploy_venv, package, **LEAN_FORM)
     assert eager.returncode == 0, eager.stderr[-2000:]
     assert "<eager fallback TextEncoder>" in eager.stdout
     assert "a shipped kernel could not be loaded here" in eager.stderr
-    refused = run_copy(deploy_venv, package, HATCH_PRECOMPILE_FALLBACK="error")
+    refused = run_copy(deploy_venv, package, HATCH_PRECOMPILE_FALLBACK="error", **LEAN_FORM)
     assert_refused(refused, "PrecompiledModelError", "a shipped kernel could not be loaded here")
 
 

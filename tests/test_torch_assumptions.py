@@ -821,3 +821,60 @@ def test_a_weight_only_layer_compiles_to_its_kernel_with_no_constant(scheme: str
     assert refused == "" and kernel in source, refused or source
     with torch.no_grad():
         torch.testing.assert_close(artifact(*[b for _, b in layer.named_buffers()], x)[0], layer(x), rtol=0.02, atol=0.02)
+
+
+# -- torch_internals.aoti and the loader's container calls: the C++ form --
+
+
+def test_a_weightless_container_compiles_reproducibly_binds_by_name_and_updates_each_handles_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same graph compiled in two inductor cache folders gives the same
+    library bytes (tests/test_example_wheel.py checks that it holds no weight);
+    its constants are the export's state-dict names; bound without a copy, each container runs the
+    graph as eager does and updates its own state tensors in place, and returns
+    the user's outputs alone."""
+    module, eager = Cached().eval(), Cached().eval()
+    batch, seq = torch.export.Dim("batch", min=1, max=4), torch.export.Dim("seq", min=1, max=32)
+    x, position = torch.randn(2, 2, 5, 8), torch.arange(5)
+    exported = torch_internals.decompose(torch.export.export(module, (x, position), dynamic_shapes=({0: batch, 2: seq}, {0: seq})))
+    libraries = []
+    with torch_internals.compiler_outputs_in(session_compiler_outputs()):
+        for folder in ("first", "second"):
+            monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / folder))
+            libraries.append(torch_internals.compile_container(exported, {}))
+    assert libraries[0] == libraries[1]
+    path = tmp_path / "model.so"
+    path.write_bytes(libraries[0])
+    names = [s.target for s in exported.graph_signature.input_specs if s.kind.name != "USER_INPUT"]
+    tensors = {n: exported.constants.get(n, exported.state_dict.get(n)) for n in names}
+    constants = torch_internals.container_constants(path)
+    assert sorted(constants.values()) == sorted(names)
+    handles = []
+    for _ in range(2):
+        own = {n: t.clone() for n, t in tensors.items()}
+        container = _torch_private.load_container(path)
+        _torch_private.bind_constants(container, {constant: own[name] for constant, name in constants.items()})
+        handles.append((container, own))
+    (first, state), (_, untouched) = handles
+    calls = [(x, position), (torch.randn(2, 2, 1, 8), torch.tensor([5])), (torch.randn(1, 2, 3, 8), torch.tensor([6, 7, 8]))]
+    with torch.no_grad():
+        for args in calls:
+            outputs = first.run(list(args))
+            assert len(outputs) == 1
+            torch.testing.assert_close(outputs[0], eager(*args), rtol=1e-5, atol=1e-5)
+    for name, tensor in state.items():
+        torch.testing.assert_close(tensor, dict(eager.named_buffers())[name])  # written in place, in this handle's tensors
+    assert all(torch.equal(untouched[name], tensors[name]) for name in names)
+
+
+def test_outputs_that_alias_inputs_or_buffers_are_named_for_the_container() -> None:
+    class Returns(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("table", torch.ones(4))
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return x * 2, self.table[:2]
+
+    exported = torch_internals.decompose(torch.export.export(Returns(), (torch.randn(3),)))
+    assert torch_internals.aliased_output(exported) == "output 1 is an input, a weight or a buffer, or a view of one, and the container would return a copy"
+    assert torch_internals.aliased_output(torch_internals.decompose(torch.export.export(Small(), (torch.randn(2, 8),)))) == ""

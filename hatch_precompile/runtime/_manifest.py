@@ -243,6 +243,7 @@ def form_problems(built: BuiltWith, here: TorchAndPython, requested: str) -> dic
             same_torch.append("torch_git differs")
     if _numbers(here["python"]) < _numbers(built["python"]):
         lean.append(f"python differs: its kernels need CPython {built['python']} or later")
+        cpp.append(f"python differs: the wheel is for CPython {built['python']} or later")
     if requested in ("cpp", "lean"):
         artifact.append(f"{FORM_VARIABLE}={requested}")
     if requested == "cpp":

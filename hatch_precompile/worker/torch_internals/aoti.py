@@ -19,6 +19,14 @@ checks each):
   the cache folder in it; each source is mapped to a fixed name
   (`wrapper.cpp`, `kernel.cpp`). Two builds in two cache folders then give the
   same bytes.
+- Weights and buffers are the graph's constants, and inductor reads their
+  values at compile time unless told not to: it inlines a 0-dim or small one
+  into the code (`GraphLowering.get_attr`; `always_keep_tensor_constants=True`
+  keeps them tensors), and the joint graph's constant folding folds a uniform
+  one, or a 0-dim buffer the graph updates (`steps.add_(1)` compiled to
+  `steps = 1`), into a literal (`joint_graph_constant_folding=False`). With
+  both, every constant is read at run time from the tensor bound to it, so
+  other weights (`state_dict=`) and each handle's state give their own results.
 - The precompiled headers come from `codecache._precompile_header`, which
   `kernels.precompiled_headers_in` supplies, as for the kernels.
 - `torch._C._aoti.AOTIModelContainerRunnerCpu(path, 1)` loads the library;
@@ -40,8 +48,14 @@ import torch
 
 from .kernels import TORCH_PATH_MAP, _compiler_outputs, precompiled_headers_in
 
-# Inductor options of the container: no weights inside, no line tables (paths).
-CONTAINER_CONFIG = {"aot_inductor.package_constants_in_so": False, "aot_inductor.enable_line_tables": False}
+# Inductor options of the container: no weights inside, no line tables (paths), and
+# no weight's or buffer's value compiled into the code (see the module docstring).
+CONTAINER_CONFIG = {
+    "aot_inductor.package_constants_in_so": False,
+    "aot_inductor.enable_line_tables": False,
+    "always_keep_tensor_constants": True,
+    "joint_graph_constant_folding": False,
+}
 
 
 def compile_container(exported: torch.export.ExportedProgram, inductor_config: dict[str, Any]) -> bytes:
