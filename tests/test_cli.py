@@ -233,7 +233,7 @@ def test_inspect_lists_models_targets_forms_tag_and_torch_pin(example_build: Exa
     assert lines[header].split() == ["model", "artifact", "CPU", "target", "shape", "variant", "size", "load", "forms"]
     row = lines[header + 1]
     assert row.startswith("encoder  encoder/cpu_avx2.bin  avx2")
-    assert "dynamic (batch 1-64)" in row and row.endswith("lean + artifact")
+    assert "dynamic (batch 1-64)" in row and row.endswith("C++ + lean + artifact")
     assert "KiB" in row
 
     code, out, _ = cli(capsys, "inspect", "--json", example_build.wheel)
@@ -241,11 +241,12 @@ def test_inspect_lists_models_targets_forms_tag_and_torch_pin(example_build: Exa
     assert code == 0 and document["tags"] == [tag] and document["platform_tags"] == [tag.split("-")[2]]
     assert document["requires_torch"] == f"torch=={release}"
     (artifact,) = document["artifacts"]
-    assert artifact["model"] == "encoder" and artifact["cpu_target"] == "avx2" and artifact["forms"] == ["lean", "artifact"]
+    assert artifact["model"] == "encoder" and artifact["cpu_target"] == "avx2" and artifact["forms"] == ["cpp", "lean", "artifact"]
     assert artifact["specialized"] == {} and artifact["torch"] == torch.__version__
     manifest = manifest_of(example_build.wheel)
     kernels = manifest["models"]["encoder"]["kernels"].values()
-    assert artifact["size"] == manifest["models"]["encoder"]["artifacts"][0]["size"] + sum(k["size"] for k in kernels)
+    variant = manifest["models"]["encoder"]["artifacts"][0]
+    assert artifact["size"] == variant["size"] + sum(k["size"] for k in kernels) + variant["cpp"]["size"]
 
 
 @pytest.mark.e2e
@@ -261,7 +262,7 @@ def test_verify_passes_on_the_example_wheel(example_build: ExampleBuild, capsys:
     code, out, _ = cli(capsys, "verify", example_build.wheel)
     assert code == 0, out
     assert files_line(example_build.wheel) in out.splitlines()
-    assert "encoder  encoder/cpu_avx2.py  lean  dynamic (batch 1-64)  avx2" in out
+    assert "encoder  encoder/cpu_avx2_cpp.so  cpp   dynamic (batch 1-64)  avx2" in out
     assert out.rstrip().endswith("OK: every file verifies and every model loads here")
 
     code, out, _ = cli(capsys, "verify", "--json", example_build.wheel)
@@ -272,7 +273,7 @@ def test_verify_passes_on_the_example_wheel(example_build: ExampleBuild, capsys:
     assert against["manifest.json"] == "_build.py" and against["encoder/cpu_avx2.bin"] == "manifest"
     assert all(against[name] == "RECORD" for name in [*RUNTIME_FILES, "_build.py"])
     (choice,) = document["models"]["encoder"]["choices"]
-    assert choice["file"] == "encoder/cpu_avx2.py" and choice["form"] == "lean"
+    assert choice["file"] == "encoder/cpu_avx2_cpp.so" and choice["form"] == "cpp"
 
 
 @pytest.mark.e2e

@@ -49,11 +49,12 @@ def test_it_runs_another_python_and_another_build_of_the_same_torch_release(else
     assert found["torch"] != torch.__version__ and found["cuda"] is not None, found
 
 
-def test_the_same_wheel_loads_lean_with_no_compiler_and_matches_eager(elsewhere: Venv, tmp_path: Path) -> None:
-    result = elsewhere.script(COMPARE_WITH_EAGER, env=no_compiler_env(tmp_path), check=False)
+@pytest.mark.parametrize(("form", "loaded"), [("auto", "encoder/cpu_avx2_cpp.so"), ("lean", "encoder/cpu_avx2.py")])
+def test_the_same_wheel_loads_in_the_cpp_and_lean_forms_with_no_compiler_and_matches_eager(elsewhere: Venv, tmp_path: Path, form: str, loaded: str) -> None:
+    result = elsewhere.script(COMPARE_WITH_EAGER, env=no_compiler_env(tmp_path, HATCH_PRECOMPILE_FORM=form), check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
-    assert report["repr"] == "<compiled model 'encoder' from encoder/cpu_avx2.py>"
+    assert report["repr"] == f"<compiled model 'encoder' from {loaded}>"
     assert report["compiler"] == []
     assert not (tmp_path / "compiler-used").exists()
 
@@ -64,7 +65,7 @@ def test_the_artifact_form_is_refused_there_naming_both_sides(elsewhere: Venv, t
     built = f"built with torch {torch.__version__} ({torch.version.git_version[:12]}) on cp{sys.version_info.major}{sys.version_info.minor}"
     assert built in explained and "python differs: it needs that exact Python" in explained, explained
     assert "torch differs: it needs that exact build" in explained and "running torch " in explained, explained
-    assert elsewhere.script(code, env=no_compiler_env(tmp_path)).stdout.strip().startswith("encoder: would load encoder/cpu_avx2.py (lean form) for CPU target avx2")
+    assert elsewhere.script(code, env=no_compiler_env(tmp_path)).stdout.strip().startswith("encoder: would load encoder/cpu_avx2_cpp.so (C++ form) for CPU target avx2")
 
 
 OLDER_PYTHON = f"3.{sys.version_info.minor - 1}"

@@ -20,7 +20,7 @@ from typing import Any
 
 from ..backend.distfiles import record_hash
 from ..runtime._layout import BUILD_MODULE, MANIFEST_FILE, PRECOMPILED_DIR
-from ..runtime._schema import ArtifactEntry, BuiltWith, Manifest, ModelEntry, WeightSpec, has_lean_form, is_lean_only
+from ..runtime._schema import ArtifactEntry, BuiltWith, Manifest, ModelEntry, WeightSpec, has_cpp_form, has_lean_form, is_lean_only
 from ._common import FAILED, OK, CommandError, field_lines, print_json, table
 
 
@@ -132,8 +132,10 @@ def inspect(args: argparse.Namespace) -> int:
     """List what WHEEL ships: per model and artifact, its CPU target, forms, shape and size.
 
     Also the torch the wheel requires and its platform tag. An artifact's size is
-    its own and its kernels'; its load forms are "lean + artifact", "artifact
-    only" and why the build refused the lean form, or, for int8, "lean only".
+    its own, its kernels' and its C++ form's library; its load forms are "C++ +"
+    where it has that form (else why the build refused it, where the model asked
+    for it), then "lean + artifact", "artifact only" and why the build refused
+    the lean form, or, for int8, "lean only".
     Then, per model, its precision (and quantized layers) and its state: the
     buffers each handle holds a copy of, with their bytes.
 
@@ -231,12 +233,14 @@ def _artifact_rows(manifest: Manifest) -> list[dict[str, Any]]:
                     "artifact": artifact["file"],
                     "cpu_target": artifact["cpu_target"],
                     "cpu_features": artifact["cpu_features"],
-                    "forms": ["lean"] if is_lean_only(artifact) else ["lean", "artifact"] if has_lean_form(artifact) else ["artifact"],
+                    "forms": [*(["cpp"] if has_cpp_form(artifact) else []), *(["lean"] if is_lean_only(artifact) else ["lean", "artifact"] if has_lean_form(artifact) else ["artifact"])],
                     "lean_file": artifact["lean"].get("file"),
                     "lean_refused": artifact["lean"].get("refused"),
+                    "cpp_file": artifact.get("cpp", {}).get("file"),
+                    "cpp_refused": artifact.get("cpp", {}).get("refused"),
                     "specialized": artifact["specialized"],
                     "shape": _shape_text(model, artifact),
-                    "size": artifact["size"] + sum(model["kernels"][key]["size"] for key in artifact["kernels"]),
+                    "size": artifact["size"] + sum(model["kernels"][key]["size"] for key in artifact["kernels"]) + artifact.get("cpp", {}).get("size", 0),
                     "kernels": len(artifact["kernels"]),
                     "torch": artifact["built_with"]["torch"],
                     "torch_git": artifact["built_with"]["torch_git"],
@@ -248,8 +252,12 @@ def _artifact_rows(manifest: Manifest) -> list[dict[str, Any]]:
 
 def _forms_text(row: dict[str, Any]) -> str:
     if row["forms"] == ["lean"]:
-        return "lean only (int8: its constants instead of an artifact)"
-    return "lean + artifact" if row["lean_file"] else f"artifact only (lean form refused: {row['lean_refused']})"
+        text = "lean only (int8: its constants instead of an artifact)"
+    else:
+        text = "lean + artifact" if row["lean_file"] else f"artifact only (lean form refused: {row['lean_refused']})"
+    if row["cpp_file"]:
+        return f"C++ + {text}"
+    return f"{text} (C++ form refused: {row['cpp_refused']})" if row["cpp_refused"] else text
 
 
 # ---------------------------------------------------------------------------
