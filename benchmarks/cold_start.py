@@ -40,6 +40,9 @@ First output is timed from process start, `import torch` included:
   on PATH
 - load_compiled, next processes (the MLPs): the same with the private cache a
   previous process left, which holds the weights' verification stamp
+- load_compiled, lean form: the same, with HATCH_PRECOMPILE_FORM=lean set (the
+  default form is the C++ one where the model was built with `cpp-form = true`,
+  as the encoder, BERT and the embedder are here)
 - load_compiled, artifact form: the same, with HATCH_PRECOMPILE_FORM=artifact set
   (loaders that do not read it run their default form)
 - load_compiled, plain outputs (bert only): `load_compiled(name, outputs="plain")`,
@@ -50,7 +53,8 @@ First output is timed from process start, `import torch` included:
   the call's inputs as numpy arrays; then a process that imports numpy and
   onnxruntime only (it fails if torch gets imported), an InferenceSession on
   the CPU provider, as many threads
-- AOTInductor: torch.export and aoti_compile_and_package at setup (dynamic batch),
+- AOTInductor: torch.export and aoti_compile_and_package at setup (dynamic batch;
+  for the CPU target the loader takes here, as the wheel's variants are compiled),
   aoti_load_package in the process, no C++ compiler on PATH (it only asks one
   for its version). For bert the process first imports transformers.modeling_outputs,
   as any user must: the package can rebuild BERT's output class only once it
@@ -184,6 +188,7 @@ EAGER_FAST = "eager, fast path"
 LOADER_NEXT = "load_compiled, next processes"
 COMPILE_CPP = "torch.compile cpp_wrapper, warm cache"
 LOADER, LOADER_ARTIFACT, LOADER_PLAIN = "load_compiled", "load_compiled, artifact form", "load_compiled, plain outputs"
+LOADER_LEAN = "load_compiled, lean form"
 AOTI = "AOTInductor"
 ORT = "ONNX Runtime, no torch in the process"
 TORCH_FLOOR = "import torch alone (the floor)"
@@ -197,11 +202,11 @@ def cases_for(model: Model) -> list[str]:
     if model.key in ("minilm_int8", "embedder_int8"):  # the eager module is the float32 one's: only the int8 graph is new
         return [LOADER]
     if model.key == "embedder":
-        return [EAGER, TORCH_FLOOR, LOADER]
+        return [EAGER, TORCH_FLOOR, LOADER_LEAN, LOADER, AOTI]
     if model.package == "minilm":
-        return [EAGER, TORCH_FLOOR, LOADER, ORT]
+        return [EAGER, TORCH_FLOOR, LOADER_LEAN, LOADER, ORT]
     plain = [LOADER_PLAIN] if model.library else []  # only a model with library output classes has "plain" ones
-    return [EAGER, TORCH_FLOOR, COMPILE_EMPTY, COMPILE_WARM, COMPILE_CPP, LOADER, LOADER_ARTIFACT, *plain, AOTI, ORT]
+    return [EAGER, TORCH_FLOOR, COMPILE_EMPTY, COMPILE_WARM, COMPILE_CPP, LOADER_LEAN, LOADER, LOADER_ARTIFACT, *plain, AOTI, ORT]
 
 
 # One case in one fresh process: argv is the case, the number of timed calls and
@@ -284,10 +289,24 @@ def to_export():
     return model, args, kwargs, {first: {0: batch}, **{key: {0: batch} for key in kwargs}}
 
 
+# The inductor options of the wheel's CPU targets (hatch_precompile.engine.targets),
+# so that AOTInductor compiles for the target the loader takes here, not the build machine's.
+TARGET_CONFIG = {
+    "avx2": {"cpp.simdlen": 256, "cpp.march": "x86-64-v3", "cpp.dynamic_threads": True},
+    "avx512": {"cpp.simdlen": 512, "cpp.march": "x86-64-v4", "cpp.dynamic_threads": True},
+}
+
+
+def loaded_target():
+    explained = importlib.import_module(spec["package"]).load_compiled.explain(spec["name"])
+    return explained.rsplit("for CPU target ", 1)[1].split(",")[0].split(";")[0] if "for CPU target " in explained else ""
+
+
 def aoti_setup():
     model, args, kwargs, shapes = to_export()
     exported = torch.export.export(model, args, kwargs, dynamic_shapes=shapes)
-    torch._inductor.aoti_compile_and_package(exported, package_path=spec["aoti_package"])
+    config = TARGET_CONFIG.get(loaded_target(), {})
+    torch._inductor.aoti_compile_and_package(exported, package_path=spec["aoti_package"], inductor_configs=config)
 
 
 def onnx_setup():
@@ -466,6 +485,8 @@ class Environments:
         env = self.no_compiler if case.startswith(LOADER) or case == AOTI else self.base
         if case == LOADER_ARTIFACT:
             env = {**env, "HATCH_PRECOMPILE_FORM": "artifact"}
+        if case == LOADER_LEAN:
+            env = {**env, "HATCH_PRECOMPILE_FORM": "lean"}
         folder = tempfile.mkdtemp(prefix="case-", dir=self.scratch)
         return {**env, "TORCHINDUCTOR_CACHE_DIR": f"{folder}/inductor", "HATCH_PRECOMPILE_CACHE_DIR": f"{folder}/hp"}
 

@@ -33,6 +33,8 @@ sys.path.insert(0, str(Path(__file__).parent / "battery"))
 from architectures import ARCHITECTURES, OPTIONS, Architecture, sizes, table
 from report import STATE_SECTION, render, summary_rows
 
+BATTERY_DIR = Path(__file__).parent / "battery"  # inputs.py, which the processes running the wheels import
+
 pytestmark = [pytest.mark.e2e, pytest.mark.standalone]
 
 MODELS = (Path(__file__).parent / "battery" / "models.py").read_text()
@@ -61,20 +63,8 @@ def figures(got, want):
     g, w = got.double().flatten(), want.double().flatten()
     return ((g - w).norm() / w.norm()).item(), torch.nn.functional.cosine_similarity(g, w, dim=0).item()
 
-def make(spec, size, generator):
-    shape = [size[s] if isinstance(s, str) else s for s in spec["shape"]]
-    dtype = getattr(torch, spec.get("dtype", "float32"))
-    if dtype == torch.bool:  # a padding mask: True hides a position; the first stays visible
-        mask = torch.rand(shape, generator=generator) < 0.3
-        mask[:, 0] = False
-        return mask
-    if dtype.is_floating_point:
-        return torch.randn(shape, generator=generator).to(dtype)
-    low, high = spec.get("range", [0, 2])
-    values = torch.randint(low, high, shape, generator=generator, dtype=dtype)
-    if high == 2:  # an attention mask: 1 attends; the first position always does
-        values[:, 0] = 1
-    return values
+sys.path.insert(0, sys.argv[2])  # tests/battery: inputs.py
+from inputs import make
 
 report = {}
 for case in json.loads(sys.argv[1]):
@@ -148,7 +138,7 @@ def compare(env: Venv, tmp_path: Path, architectures: list[Architecture], **vari
         {"name": a.name, "package": PACKAGE_OF[a.name], "factory": a.factory, "inputs": a.inputs, "kwargs": a.kwargs, "sizes": sizes(a), "dtype": a.dtype, "quantize": a.quantize}
         for a in architectures
     ]
-    result = run([env.python, "-c", COMPARE, json.dumps(cases)], env=no_compiler_env(tmp_path, **variables), check=False)
+    result = run([env.python, "-c", COMPARE, json.dumps(cases), str(BATTERY_DIR)], env=no_compiler_env(tmp_path, **variables), check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     assert not (tmp_path / "compiler-used").exists()
     return json.loads(result.stdout.strip().splitlines()[-1])

@@ -141,6 +141,7 @@ dims = { batch = { min = 1, max = 16 } }
 quantize = "int8"
 calibration = "int8pkg.models:images"
 weights = "factory"  # the graph has its weights compiled in: the wheel ships no float32 copy
+cpp-form = true  # refused, with the reason: its weights are compiled in
 
 [tool.hatch.build.hooks.precompile.models.encoder]
 factory = "int8pkg.models:encoder"
@@ -228,7 +229,10 @@ def test_it_loads_lean_without_compiler_or_torchao_and_keeps_float32_accuracy(in
     torch.save(data, tmp_path / "data.pt")
     result = int8_venv.script(CALL.replace("sys.argv[1]", repr(str(tmp_path / "data.pt"))), env=no_compiler_env(tmp_path))
     report = json.loads(result.stdout)
-    assert "net: would load net/cpu_avx2.py (lean form)" in report["explain"]
+    assert (
+        "net: would load net/cpu_avx2.py (lean form; the build refused the C++ form: an int8 graph is compiled with its weights "
+        "frozen in as oneDNN's packed constants, which the container cannot bind)"
+    ) in report["explain"]
     assert min(report["net"]) > 0.999 and report["encoder"] > 0.999, report
     assert report["compiler_modules"] == []
     assert not (tmp_path / "compiler-used").exists()

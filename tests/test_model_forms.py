@@ -1,4 +1,5 @@
-"""Shape buckets, weights bound four ways, and half-precision models, through one
+"""Shape buckets, weights bound four ways, and half-precision models (these in the
+C++ form, `cpp-form = true`, beside the lean one), through one
 wheel built with the real hook and called in fresh processes."""
 
 from __future__ import annotations
@@ -115,12 +116,14 @@ fallback = "error"
 factory = "formpkg.models:stateful"
 inputs = [{ shape = ["batch", 5], dtype = "int64", range = [0, 20] }]
 dims = { batch = { min = 1, max = 16 } }
+cpp-form = true
 
 [tool.hatch.build.hooks.precompile.models.from_factory]
 factory = "formpkg.models:stateful"
 inputs = [{ shape = ["batch", 5], dtype = "int64", range = [0, 20] }]
 dims = { batch = { min = 1, max = 16 } }
 weights = "factory"
+cpp-form = true
 
 [tool.hatch.build.hooks.precompile.models.buckets]
 factory = "formpkg.models:mlp"
@@ -131,17 +134,20 @@ dims = { batch = [2, 4] }
 factory = "formpkg.models:mlp"
 inputs = [{ shape = ["batch", 16] }]
 dims = { batch = { min = 1, max = 8, buckets = [4] } }
+cpp-form = true
 
 [tool.hatch.build.hooks.precompile.models.half]
 factory = "formpkg.models:mlp"
 inputs = [{ shape = ["batch", 16], dtype = "bfloat16" }]
 dims = { batch = { min = 1, max = 8 } }
 dtype = "bfloat16"
+cpp-form = true
 
 [tool.hatch.build.hooks.precompile.models.passes_through]
 factory = "formpkg.models:passes_through"
 example-inputs = "formpkg.models:features"
 dims = { batch = { max = 8, axes = ["0.x:0", "0.scale:0"] } }
+cpp-form = true
 
 [tool.hatch.build.hooks.precompile.models.views_an_intermediate]
 factory = "formpkg.models:views_an_intermediate"
@@ -215,7 +221,7 @@ def test_buckets_with_a_range_use_the_dynamic_artifact_between_buckets(forms: Ve
             report["9"] = str(error)
     """,
     )
-    dynamic, bucket = "buckets_and_range/cpu_avx2.py", "buckets_and_range/cpu_avx2_batch4.py"
+    dynamic, bucket = "buckets_and_range/cpu_avx2_cpp.so", "buckets_and_range/cpu_avx2_batch4_cpp.so"  # its C++ form
     assert report == {
         "1": dynamic,
         "3": dynamic,
@@ -241,6 +247,7 @@ def test_weights_bound_four_ways_give_identical_results(forms: Venv, tmp_path: P
             "module": load_compiled("from_factory", module=eager),
         }
         report["equal"] = {way: bool(torch.equal(model(ids), ways["shipped"](ids))) for way, model in ways.items()}
+        report["loaded"] = sorted({repr(model) for model in ways.values()})
         torch.testing.assert_close(ways["shipped"](ids), expected, rtol=1e-4, atol=1e-5)
         report["cached"] = load_compiled("embedded") is ways["shipped"]
 
@@ -265,6 +272,9 @@ def test_weights_bound_four_ways_give_identical_results(forms: Venv, tmp_path: P
     """,
     )
     assert report["equal"] == {"shipped": True, "factory": True, "state_dict": True, "module": True}
+    # The C++ form: its uniform and one-element constants (BatchNorm's ones and zeros, the
+    # step count, torch.tensor([0.25])) are read from the weights bound, so tuned ones count.
+    assert report["loaded"] == ["<compiled model 'embedded' from embedded/cpu_avx2_cpp.so>", "<compiled model 'from_factory' from from_factory/cpu_avx2_cpp.so>"]
     assert report["cached"] is True
     assert report["both"] == "model 'embedded': pass state_dict= or module=, not both"
     assert report["mismatch"] == (
@@ -299,9 +309,10 @@ def test_a_bfloat16_model_takes_and_returns_bfloat16(forms: Venv, tmp_path: Path
             model(torch.randn(3, 16))
         except ValueError as error:
             report["float32"] = str(error)
+        report["loaded"] = repr(model)
     """,
     )
-    assert report == {"dtype": "torch.bfloat16", "float32": "model 'half', input x: expected dtype bfloat16, got float32"}
+    assert report == {"dtype": "torch.bfloat16", "float32": "model 'half', input x: expected dtype bfloat16, got float32", "loaded": "<compiled model 'half' from half/cpu_avx2_cpp.so>"}
 
 
 @pytest.mark.parametrize("form", ["auto", "artifact"])
@@ -362,7 +373,10 @@ def test_outputs_that_are_inputs_weights_or_views_of_them_load_lean(forms: Venv,
         "views": [True] * 3,
         "given back, laid out anew": True,
         "too big": report["too big"],
-        "explain": "passes_through: would load passes_through/cpu_avx2.py (lean form) for CPU target avx2",
+        "explain": (
+            "passes_through: would load passes_through/cpu_avx2.py (lean form; the build refused the C++ form: "
+            "output 0 is an input, a weight or a buffer, or a view of one, and the container would return a copy) for CPU target avx2"
+        ),
     }
     assert report["too big"] == "model 'passes_through', input features['x']: dim 'batch' (dim 0) must be in [1, 8], got 9"
 

@@ -826,28 +826,37 @@ def test_a_weight_only_layer_compiles_to_its_kernel_with_no_constant(scheme: str
 # -- torch_internals.aoti and the loader's container calls: the C++ form --
 
 
-def test_a_weightless_container_compiles_reproducibly_binds_by_name_and_updates_each_handles_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The same graph compiled in two inductor cache folders gives the same
-    library bytes (tests/test_example_wheel.py checks that it holds no weight);
-    its constants are the export's state-dict names; bound without a copy, each container runs the
-    graph as eager does and updates its own state tensors in place, and returns
-    the user's outputs alone."""
-    module, eager = Cached().eval(), Cached().eval()
+class CachedWithConstants(Cached):
+    """Cached, with the two kinds of lifted constant: a plain tensor attribute and
+    a tensor made in forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.offsets = torch.linspace(-1, 1, 8)
+
+    def forward(self, x: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        return super().forward(x, position) * self.offsets + torch.tensor([0.5])
+
+
+def test_a_weightless_container_binds_by_name_and_updates_each_handles_state(tmp_path: Path) -> None:
+    """The library's constants are the export's state-dict names (its lifted
+    constants found by their order); bound without a copy, each container runs
+    the graph as eager does, updates its own state tensors in place (a 0-dim step
+    counter included: it is not compiled in) and returns the user's outputs
+    alone. (Two builds giving the same library bytes: tests/test_example_wheel.py;
+    no weight inside it: the same file.)"""
+    module, eager = CachedWithConstants().eval(), CachedWithConstants().eval()
     batch, seq = torch.export.Dim("batch", min=1, max=4), torch.export.Dim("seq", min=1, max=32)
     x, position = torch.randn(2, 2, 5, 8), torch.arange(5)
     exported = torch_internals.decompose(torch.export.export(module, (x, position), dynamic_shapes=({0: batch, 2: seq}, {0: seq})))
-    libraries = []
     with torch_internals.compiler_outputs_in(session_compiler_outputs()):
-        for folder in ("first", "second"):
-            monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / folder))
-            libraries.append(torch_internals.compile_container(exported, {}))
-    assert libraries[0] == libraries[1]
+        library = torch_internals.compile_container(exported, {})
     path = tmp_path / "model.so"
-    path.write_bytes(libraries[0])
+    path.write_bytes(library)
     names = [s.target for s in exported.graph_signature.input_specs if s.kind.name != "USER_INPUT"]
     tensors = {n: exported.constants.get(n, exported.state_dict.get(n)) for n in names}
-    constants = torch_internals.container_constants(path)
-    assert sorted(constants.values()) == sorted(names)
+    constants = torch_internals.container_constants(path, exported)
+    assert sorted(constants.values()) == sorted(names) and {"offsets", "lifted_tensor_0"} <= set(names)
     handles = []
     for _ in range(2):
         own = {n: t.clone() for n, t in tensors.items()}
@@ -861,8 +870,8 @@ def test_a_weightless_container_compiles_reproducibly_binds_by_name_and_updates_
             outputs = first.run(list(args))
             assert len(outputs) == 1
             torch.testing.assert_close(outputs[0], eager(*args), rtol=1e-5, atol=1e-5)
-    for name, tensor in state.items():
-        torch.testing.assert_close(tensor, dict(eager.named_buffers())[name])  # written in place, in this handle's tensors
+    for name, tensor in dict(eager.named_buffers()).items():
+        torch.testing.assert_close(state[name], tensor)  # written in place, in this handle's tensors
     assert all(torch.equal(untouched[name], tensors[name]) for name in names)
 
 

@@ -83,7 +83,7 @@ def test_bert_and_gpt2_from_transformers_round_trip(wheelhouse: Path, tmp_path: 
     env.pip(str(wheel))
     found = json.loads(env.script(COMPARE, env=no_compiler_env(tmp_path)).stdout)
     report = found["encoder"]
-    assert report.pop("loaded") == "<compiled model 'bert' from bert/cpu_avx2.py>"
+    assert report.pop("loaded") == "<compiled model 'bert' from bert/cpu_avx2_cpp.so>"  # its C++ form: kwargs, output classes, plain outputs
     name = "BaseModelOutputWithPoolingAndCrossAttentions"
     assert report == {str(b): [name, [b, 32, 64], [b, 64]] for b in (1, 5, 16)}
     decoder = found["decoder"]

@@ -28,6 +28,7 @@ The modules here, one job each:
   _contract.py       check a call's arguments; rebuild the output structure
   _weights.py        bind the shipped, factory or caller's weights
   _ops.py            import the libraries that define the model's custom ops
+  _graph.py          what each form's load returns: a graph that binds a handle's weights
   _cpp.py            the C++ form: AOTInductor's model container library, weights bound per handle
   _lean.py           the lean form: run the output module and kernels directly
   _frozen_tensors.py an int8 variant's frozen constants, rebuilt (its only form is the lean one)
@@ -65,15 +66,16 @@ from __future__ import annotations
 import threading
 import warnings
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from . import _artifact, _cpp, _fork, _lean
 from ._contract import check_inputs, conform_layouts, flatten_call, given_back, unflatten
 from ._errors import PrecompiledFallbackWarning, PrecompiledIntegrityError, PrecompiledModelError
 from ._generate import Generating
+from ._graph import Graph
 from ._manifest import MANIFEST_FORMAT, Choice, Plan, cpu_features, fallback_policy, plan, read_manifest, unavailable, why_form, without_cpp
 from ._ops import OpLibraryError, import_op_libraries
-from ._schema import ModelEntry, SourceModel, ships_weights
+from ._schema import ArtifactEntry, ModelEntry, SourceModel, ships_weights
 from ._weights import bind_weights, build_module, read_weights
 
 __all__ = ["PrecompiledFallbackWarning", "PrecompiledIntegrityError", "PrecompiledModelError", "explain", "load_compiled"]
@@ -81,6 +83,8 @@ __all__ += ["MANIFEST_FORMAT"]  # read by the build, which writes manifests in t
 
 OUTPUT_FORMS = ("classes", "plain")  # library output classes rebuilt, or dicts and tuples
 _FORM_NAMES = {"cpp": "C++ form", "lean": "lean form", "artifact": "artifact form"}
+# Each form's load(name, model entry, variant entry) -> Graph (`_graph.py`), by the manifest's name.
+_FORMS: dict[str, Callable[[str, ModelEntry, ArtifactEntry], Graph]] = {"cpp": _cpp.load, "lean": _lean.load, "artifact": _artifact.load}
 
 _lock = threading.Lock()
 _loaded: dict[tuple[str, str], CompiledModel | _EagerModel] = {}  # (name, outputs) -> model with the default weights
@@ -211,16 +215,16 @@ class _Variants:
         import_op_libraries(model["op_libraries"])
         ordered = sorted(choices, key=lambda c: len(c.artifact["specialized"]), reverse=True)
         self.cpp_failure = ""
-        self.variants: list[tuple[dict[str, int], str, _Graph]] = []
+        self.variants: list[tuple[dict[str, int], str, Graph]] = []
         for planned in ordered:
             graph, choice = self._load(name, model, planned, policy)
             self.variants.append((choice.artifact["specialized"], choice.file, graph))
         self.files = [file for _, file, _ in self.variants]
 
-    def _load(self, name: str, model: ModelEntry, choice: Choice, policy: str) -> tuple[_Graph, Choice]:
+    def _load(self, name: str, model: ModelEntry, choice: Choice, policy: str) -> tuple[Graph, Choice]:
         if choice.form == "cpp":
             try:
-                return _cpp.load(name, model, choice.artifact), choice
+                return _FORMS["cpp"](name, model, choice.artifact), choice
             except _cpp.CppFormError as error:
                 if policy == "error":
                     raise PrecompiledModelError(f"{error} (fallback is 'error'; HATCH_PRECOMPILE_FORM=lean loads the lean form instead)") from None
@@ -229,8 +233,7 @@ class _Variants:
                 if other is None:
                     raise PrecompiledModelError(f"{error}, and no other form of {choice.artifact['file']} fits here") from None
                 choice = other
-        run = _lean.load(name, model, choice.artifact) if choice.form == "lean" else _artifact.load(name, model, choice.artifact)
-        return _PositionalGraph(run), choice
+        return _FORMS[choice.form](name, model, choice.artifact), choice
 
     def pick(self, sizes: dict[str, int]) -> int:
         """The index of the variant for these dim sizes: an exact bucket, else the dynamic one."""
@@ -239,24 +242,6 @@ class _Variants:
                 return index
         dim, size = next((d, sizes[d]) for d, spec in self.dims.items() if not spec["dynamic"] and sizes[d] not in spec["buckets"])
         raise ValueError(f"model {self.name!r}: dim {dim!r} is {size}, but it was compiled only for the sizes {self.dims[dim]['buckets']}")
-
-
-class _Graph(Protocol):
-    """A loaded variant: `bind(weights)` gives a function of a call's flat inputs
-    that runs it with those weights (and that handle's state)."""
-
-    def bind(self, weights: list[Any]) -> Callable[[list[Any]], Any]: ...
-
-
-class _PositionalGraph:
-    """The lean and artifact forms: graphs that take the weights before the call's inputs."""
-
-    def __init__(self, run: Callable[[list[Any]], Any]) -> None:
-        self._run = run
-
-    def bind(self, weights: list[Any]) -> Callable[[list[Any]], Any]:
-        run = self._run
-        return lambda inputs: run([*weights, *inputs])
 
 
 class CompiledModel(Generating):

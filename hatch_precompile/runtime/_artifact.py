@@ -9,20 +9,20 @@ a private cache directory, which inductor then imports.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 from . import _torch_private
 from ._cache import inductor_cache_in, private_cache_dir
 from ._errors import PrecompiledIntegrityError
+from ._graph import PositionalGraph
 from ._integrity import verified_bytes, verified_kernels
 from ._manifest import HERE
 from ._schema import ArtifactEntry, ModelEntry
 
 
-def load(name: str, model: ModelEntry, artifact: ArtifactEntry) -> Callable[[list[Any]], Any]:
+def load(name: str, model: ModelEntry, artifact: ArtifactEntry) -> PositionalGraph:
     """Verify an artifact and its kernels, then unpickle it with the shipped kernels;
-    returns a function of the graph's flat inputs (weights, then user inputs)."""
+    returns its graph, which takes the weights, then the user inputs."""
     data = verified_bytes(artifact)
     kernels = verified_kernels(model, artifact)
     try:
@@ -38,7 +38,7 @@ def load(name: str, model: ModelEntry, artifact: ArtifactEntry) -> Callable[[lis
             compiled = _torch_private.deserialize_artifact(payload)
     except _torch_private.MissingKernelError as error:
         raise PrecompiledIntegrityError(f"model {name!r}, {artifact['file']}: {error}") from None
-    return lambda flat: compiled(*flat)
+    return PositionalGraph(lambda flat: compiled(*flat))
 
 
 @contextlib.contextmanager

@@ -18,15 +18,16 @@ from typing import Any
 from . import _torch_private
 from ._errors import PrecompiledIntegrityError
 from ._frozen_tensors import rebuild_constants
+from ._graph import PositionalGraph
 from ._integrity import verified_bytes, verified_kernels
 from ._manifest import HERE
 from ._schema import ArtifactEntry, ModelEntry, is_lean_only
 
 
-def load(name: str, model: ModelEntry, artifact: ArtifactEntry) -> Callable[[list[Any]], Any]:
+def load(name: str, model: ModelEntry, artifact: ArtifactEntry) -> PositionalGraph:
     """Verify the lean module, its kernels and an int8 variant's constants, then
-    run its source; returns a function of the graph's flat inputs (weights, then
-    user inputs; an int8 graph takes no weights)."""
+    run its source; returns its graph, which takes the weights, then the user
+    inputs (an int8 graph takes no weights)."""
     lean = artifact["lean"]
     source = verified_bytes(lean).decode("utf-8")
     kernels = verified_kernels(model, artifact)
@@ -34,7 +35,7 @@ def load(name: str, model: ModelEntry, artifact: ArtifactEntry) -> Callable[[lis
     if is_lean_only(artifact):
         constants = rebuild_constants(verified_bytes(artifact), HERE / artifact["file"], artifact["constants"])
     try:
-        return make_runner(source, str(HERE / lean["file"]), kernels, lean["extern_kernels"], lean["inputs_to_check"], constants)
+        return PositionalGraph(make_runner(source, str(HERE / lean["file"]), kernels, lean["extern_kernels"], lean["inputs_to_check"], constants))
     except KeyError as error:
         raise PrecompiledIntegrityError(f"model {name!r}, {lean['file']}: kernel {error} is not shipped with it") from None
 

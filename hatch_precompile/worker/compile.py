@@ -3,9 +3,11 @@
 Runs in the compile worker. For each shape variant and CPU target, takes the
 artifact from a part or the build cache when one holds it under its key
 (`key.py`), else compiles it; writes into `out_dir` the artifact, its lean module
-and the compiled kernels it loads (`kernels/k_<key>.so`, shared between
-artifacts when identical), runs it on the example inputs against eager, and
-describes it for the manifest. The weights are `weights.py`'s. An int8 model's
+(`lean.py`), its C++ form where the model asks for one (`cpp_form.py`) and the
+compiled kernels it loads (`kernels/k_<key>.so`, shared between artifacts when
+identical), runs it on the example inputs against eager, and describes it for
+the manifest. The lean and C++ forms are checked later, in fresh processes
+(`main.py`), on what this saved of each variant's calls. The weights are `weights.py`'s. An int8 model's
 variants (`quantize.py`) are compiled frozen and have no artifact: each ships
 its lean module, and its constants in place of the artifact (`frozen_tensors.py`).
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,14 +35,14 @@ from ..runtime._frozen_tensors import rebuild_constants
 from ..runtime._layout import KERNELS_DIR, artifact_file, constants_file, kernel_file, lean_module_file
 from ..runtime._lean import make_runner
 from ..runtime._manifest import cpu_features
-from ..runtime._schema import ArtifactEntry, BatchAccuracy, CppRecord, LeanRecord, ModelEntry, OutputLeaf, QuantizationRecord, WeightsEntry, has_cpp_form, has_lean_form, is_lean_only
+from ..runtime._schema import ArtifactEntry, BatchAccuracy, CppRecord, ModelEntry, OutputLeaf, QuantizationRecord, WeightsEntry, has_cpp_form, has_lean_form, is_lean_only
 from . import cpp_form, torch_internals
 from .accuracy import EXAMPLE_INPUTS_BESIDE_CALIBRATION, SANITY_BOUNDS, check_accuracy, check_steps
 from .capture import Captured, _torch_error
 from .cpp_form import CppCandidate
 from .frozen_tensors import ConstantsRefused, save_constants
 from .key import artifact_key, build_environment
-from .lean import LeanCandidate, LeanRefused, rewrite
+from .lean import LeanCandidate, LeanRefused, lean_record, rewrite
 from .quantize import Quantized, check_int8_kernels, failing_layer, int8_inductor_config
 from .weights import lifted_weights
 
@@ -90,6 +93,7 @@ class ProducedArtifact:
     candidate: LeanCandidate | None
     checked_here: bool  # False: from a part for a CPU this machine lacks
     cpp_candidate: CppCandidate | None = None  # its C++ form, compiled here, waiting for its check
+    cpp_seconds: float | None = None  # what compiling the C++ form took, where it was compiled here
 
 
 def produce_artifact(
@@ -119,6 +123,7 @@ def produce_artifact(
         raise ModelBuildError(name, f"taking {file} from a part", str(mismatch)) from None
     initial = _initial_weights(captured, int8)
     state_inputs = _state_inputs(captured)
+    cpp_seconds = None
     weights = [w.clone() if index in state_inputs else w for index, w in enumerate(initial)]  # each call updates the state
     calls = [torch_internals.tree_leaves(call) for call in captured.calls]
     flat = [*weights, *calls[0]]
@@ -130,9 +135,11 @@ def produce_artifact(
     elif entry is None:
         entry, outputs, run, output_module = _compile_artifact(model, captured, fixed, target, out_dir, file, flat)
         origin = "compiled"
-        entry["lean"] = _static_lean_record(model, captured, output_module, entry, out_dir)
+        entry["lean"] = lean_record(model.name, captured.exported, output_module, entry, out_dir)
         if model.cpp_form:
+            cpp_started = time.perf_counter()
             entry["cpp"] = _cpp_record(model, captured, target, entry, out_dir)
+            cpp_seconds = time.perf_counter() - cpp_started
     elif not set(entry["cpu_features"]) <= cpu_features():
         return ProducedArtifact(entry, key, origin, None, checked_here=False)
     else:
@@ -162,7 +169,7 @@ def produce_artifact(
     if cpp and data_path:
         eager_outputs = captured.eager_run[0]
         cpp_candidate = CppCandidate(entry, out_dir / entry["cpp"]["file"], data_path, list(lifted_weights(captured)), captured.input_leaves, eager_outputs, captured.reference_outputs)
-    return ProducedArtifact(entry, key, origin, lean, checked_here=True, cpp_candidate=cpp_candidate)
+    return ProducedArtifact(entry, key, origin, lean, checked_here=True, cpp_candidate=cpp_candidate, cpp_seconds=cpp_seconds)
 
 
 @dataclass
@@ -350,23 +357,6 @@ def _saved_runner(out_dir: Path, entry: ArtifactEntry) -> Runner:
     with _torch_private.shipped_kernels(kernels):
         artifact = _torch_private.deserialize_artifact(payload)
     return lambda inputs: artifact(*inputs)
-
-
-def _static_lean_record(model: ModelConfig, captured: Captured, output_module: tuple[str, list[int], str], entry: ArtifactEntry, out_dir: Path) -> LeanRecord:
-    """Write the artifact's lean module, or say why there is none; the module is
-    then run in a fresh process (`lean.check_in_fresh_process`)."""
-    source, inputs_to_check, refused = output_module
-    refused = refused or torch_internals.wrapper_work(captured.exported)
-    module_path = out_dir / lean_module_file(entry["file"])
-    if not refused:
-        try:
-            lean = rewrite(source, set(entry["kernels"]), f"{model.name}/{module_path.name}")
-        except LeanRefused as reason:
-            refused = str(reason)
-    if refused:
-        return {"refused": refused}
-    module_path.write_text(lean.text, encoding="utf-8")
-    return {"file": module_path.name, "extern_kernels": lean.extern_kernels, "inputs_to_check": inputs_to_check}
 
 
 def _save_sequence(entry: ArtifactEntry, sequence: _CheckedSequence, out_dir: Path) -> Path:

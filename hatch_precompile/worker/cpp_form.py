@@ -79,7 +79,7 @@ def produce(model: ModelConfig, exported: Any, config: dict[str, Any], entry: Ar
         return {"refused": f"AOTInductor could not compile it: {_torch_error(error)}"}
     path = out_dir / cpp_library_file(entry["file"])
     path.write_bytes(library)
-    constants = container_constants(path)
+    constants = container_constants(path, exported)
     unknown = sorted(set(constants.values()) - set(order))
     if unknown:
         path.unlink()

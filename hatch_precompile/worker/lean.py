@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..runtime._layout import KERNELS_DIR
-from ..runtime._schema import ArtifactEntry, is_lean_only
+from ..runtime._layout import KERNELS_DIR, lean_module_file
+from ..runtime._schema import ArtifactEntry, LeanRecord, is_lean_only
 from ..runtime._torch_private import LEAN_BINDINGS
 from . import torch_internals
 from .lean_check import CheckRequest, ModuleCheck, read_results
@@ -190,6 +190,25 @@ def _apply(source: str, edits: list[tuple[Any, str]]) -> str:
     for start, end, encoded in sorted(spans, reverse=True):
         data = data[:start] + encoded + data[end:]
     return data.decode()
+
+
+def lean_record(model: str, exported: Any, output_module: tuple[str, list[int], str], entry: ArtifactEntry, out_dir: Path) -> LeanRecord:
+    """Write a compiled artifact's lean module into `out_dir`, or say why there is
+    none (`output_module`: `torch_internals.output_module`'s source, inputs to
+    check and refusal); the module is then run in a fresh process
+    (`check_in_fresh_process`)."""
+    source, inputs_to_check, refused = output_module
+    refused = refused or torch_internals.wrapper_work(exported)
+    module_path = out_dir / lean_module_file(entry["file"])
+    if not refused:
+        try:
+            lean = rewrite(source, set(entry["kernels"]), f"{model}/{module_path.name}")
+        except LeanRefused as reason:
+            refused = str(reason)
+    if refused:
+        return {"refused": refused}
+    module_path.write_text(lean.text, encoding="utf-8")
+    return {"file": module_path.name, "extern_kernels": lean.extern_kernels, "inputs_to_check": inputs_to_check}
 
 
 @dataclass

@@ -145,6 +145,8 @@ def _produce_variants(request: WorkerRequest) -> _Compiled:
             _report_remote(request)
             checked = accuracy_summary(artifact.entry["accuracy"]) if artifact.checked_here else f"not run here: this CPU lacks {target.name} (checked where the part was built)"
             source = "compiled" if artifact.origin == "compiled" else f"{artifact.origin}: {artifact.entry['file']}"
+            if artifact.cpp_seconds is not None:
+                source += f" (its C++ form in {artifact.cpp_seconds:.1f} s)"
             _report(model.name, f"{target.name} ({shape}): {source}, {checked}", time.perf_counter() - variant_started)
     assert first is not None  # shape_variants() gives at least one
     captured, weights = first

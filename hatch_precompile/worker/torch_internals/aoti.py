@@ -31,13 +31,20 @@ checks each):
   `kernels.precompiled_headers_in` supplies, as for the kernels.
 - `torch._C._aoti.AOTIModelContainerRunnerCpu(path, 1)` loads the library;
   `get_constant_names_to_original_fqns()` maps its constants to the export's
-  state-dict names (`runtime/_torch_private.py` binds them at load).
+  state-dict names (`runtime/_torch_private.py` binds them at load), but for the
+  export's lifted constants (CONSTANT_TENSOR: a plain tensor attribute, a
+  `torch.tensor(...)` made in forward): AOTInductor unlifts and traces the
+  program again, where they become `_tensor_constant0`, `_tensor_constant1`, ...
+  in the graph signature's order. The build's fresh-process check against eager
+  runs the library with the weights bound by these names, so a numbering that
+  changed would fail there, not ship.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import tempfile
 import zipfile
 from collections.abc import Iterator
@@ -96,10 +103,19 @@ def _reproducible_compiles() -> Iterator[None]:
         codecache.CppBuilder = original  # type: ignore[misc]
 
 
-def container_constants(library: Path) -> dict[str, str]:
-    """The library's constants: its name for each -> the export's state-dict name."""
+def container_constants(library: Path, exported: torch.export.ExportedProgram) -> dict[str, str]:
+    """The library's constants: its name for each -> the export's state-dict name
+    (the weights file's). See the module docstring for the lifted constants."""
     runner = torch._C._aoti.AOTIModelContainerRunnerCpu(str(library), 1)
-    return dict(runner.get_constant_names_to_original_fqns())
+    lifted = [spec.target for spec in exported.graph_signature.input_specs if spec.kind.name == "CONSTANT_TENSOR"]
+    names = {}
+    for constant, fqn in runner.get_constant_names_to_original_fqns().items():
+        match = _RETRACED_CONSTANT.fullmatch(fqn)
+        names[constant] = lifted[int(match.group(1))] if match and int(match.group(1)) < len(lifted) else fqn
+    return names
+
+
+_RETRACED_CONSTANT = re.compile(r"_tensor_constant(\d+)")
 
 
 def aliased_output(exported: torch.export.ExportedProgram) -> str:
