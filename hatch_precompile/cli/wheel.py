@@ -409,6 +409,10 @@ def _manifest_records(manifest: Manifest) -> list[Mapping[str, Any]]:
             records.append(artifact)
             if "file" in artifact["lean"]:
                 records.append(artifact["lean"])
+            if has_cpp_form(artifact):
+                records.append(artifact["cpp"])
+                if "ops" in artifact["cpp"]:
+                    records.append(artifact["cpp"]["ops"])
         records.extend(model["kernels"].values())
     return list({r["file"]: r for r in records}.values())
 

@@ -126,6 +126,7 @@ def assemble(staging: Path, package: str, entries: dict[str, ModelEntry]) -> dic
         shipped.extend(staging / a["file"] for a in entry["artifacts"])
         shipped.extend(staging / a["lean"]["file"] for a in entry["artifacts"] if has_lean_form(a))
         shipped.extend(staging / a["cpp"]["file"] for a in entry["artifacts"] if has_cpp_form(a))
+        shipped.extend(staging / a["cpp"]["ops"]["file"] for a in entry["artifacts"] if "ops" in a.get("cpp", {}))
         shipped.extend(staging / k["file"] for k in entry["kernels"].values())
     return {str(path): f"{package}/{PRECOMPILED_DIR}/{path.relative_to(staging).as_posix()}" for path in dict.fromkeys(shipped)}
 
@@ -139,6 +140,8 @@ def _artifact_record(model: str, model_dir: Path, artifact: ArtifactEntry) -> Ar
     if has_cpp_form(artifact):
         cpp = artifact["cpp"]
         record["cpp"] = {**cpp, "file": f"{model}/{cpp['file']}", **file_record(model_dir / cpp["file"])}
+        if "ops" in cpp:
+            record["cpp"]["ops"] = {"file": f"{model}/{cpp['ops']['file']}", **file_record(model_dir / cpp["ops"]["file"])}
     return record
 
 

@@ -42,6 +42,7 @@ def entry_files(entry: ArtifactEntry) -> list[str]:
     """The files an artifact's entry ships, relative to its model's folder."""
     lean = [entry["lean"]["file"]] if "lean" in entry and "file" in entry["lean"] else []
     cpp = [entry["cpp"]["file"]] if "file" in entry.get("cpp", {}) else []
+    cpp += [entry["cpp"]["ops"]["file"]] if "ops" in entry.get("cpp", {}) else []
     return [entry["file"], *lean, *cpp, *(f"{KERNELS_DIR}/{kernel_file(key)}" for key in entry["kernels"])]
 
 

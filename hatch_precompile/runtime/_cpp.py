@@ -12,6 +12,7 @@ handle, bound to that handle's own state, which its calls update in place.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,8 @@ def load(name: str, model: ModelEntry, artifact: ArtifactEntry) -> ContainerGrap
     fails now, not at a handle's first call); returns the graph to bind."""
     record = artifact["cpp"]
     path = verified_path(record)
+    if "ops" in record:  # the runner reads it from beside the library
+        verified_path(record["ops"])
     graph = ContainerGraph(path, record, model["weights"]["order"], model["inputs"]["leaves"])
     try:
         graph.first = _torch_private.load_container(path)
@@ -51,13 +54,20 @@ class ContainerGraph:
         self._tensors = [index for index, leaf in enumerate(leaves) if "dtype" in leaf]
         self._every_input_a_tensor = len(self._tensors) == len(leaves)
         self.first: Any = None
+        self._taking = threading.Lock()  # two handles made at once must not share the first container
 
     def bind(self, weights: list[Any]) -> Callable[[list[Any]], Any]:
         """A container reading its constants from `weights` (the graph's order):
         the first bind takes the container `load` made, later ones a new one."""
-        container, self.first = self.first or _torch_private.load_container(self.path), None
+        with self._taking:
+            container, self.first = self.first, None
+        if container is None:
+            container = _torch_private.load_container(self.path)
+        # Compiled for dense weights and nothing checks a constant's strides: a caller's
+        # transposed or sliced tensor is bound as a dense copy (the shipped ones and the state are dense).
+        bound = {constant: weights[index] if weights[index].is_contiguous() else weights[index].contiguous() for constant, index in self._constants.items()}
         try:
-            _torch_private.bind_constants(container, {constant: weights[index] for constant, index in self._constants.items()})
+            _torch_private.bind_constants(container, bound)
         except RuntimeError as error:
             raise PrecompiledIntegrityError(f"{self.path}: binding its weights failed: {error}") from None
         run: Callable[[list[Any]], Any] = container.run

@@ -11,6 +11,7 @@ them by these names and the loader reads them by the same ones.
         cpu_avx2_batch8.bin            named by both (`artifact_file`)
         cpu_avx2.py, ...               each artifact's lean module (`lean_module_file`)
         cpu_avx2_cpp.so, ...           each artifact's C++ form, where the model has one (`cpp_library_file`)
+        cpu_avx2_cpp.json              the ops it calls through AOTInductor's proxy executor, where any (`cpp_ops_file`)
         cpu_avx2_constants.safetensors an int8 variant's frozen constants, instead of its
                                        artifact (`constants_file`); variants whose
                                        constants are the same bytes share the first's file
@@ -53,3 +54,9 @@ def constants_file(artifact: str) -> str:
 def cpp_library_file(artifact: str) -> str:
     """The C++ form of artifact `cpu_avx2.bin`: `cpu_avx2_cpp.so`."""
     return artifact.removesuffix(".bin") + "_cpp.so"
+
+
+def cpp_ops_file(library: str) -> str:
+    """Beside library `cpu_avx2_cpp.so`, the ops it calls through AOTInductor's proxy
+    executor: `cpu_avx2_cpp.json`, the name the container's runner looks for."""
+    return library.removesuffix(".so") + ".json"

@@ -16,6 +16,7 @@ it writes, per library, its outputs or the reason it could not run them.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -26,7 +27,7 @@ from typing import Any, TypedDict
 from ..engine.errors import ModelBuildError
 from ..engine.model_config import ModelConfig
 from ..engine.native import UnprovidedLibraryError, read_needs, system_needs, torch_libraries
-from ..runtime._layout import KERNELS_DIR, cpp_library_file, kernel_file
+from ..runtime._layout import KERNELS_DIR, cpp_library_file, cpp_ops_file, kernel_file
 from ..runtime._schema import ArtifactEntry, CppRecord, InputLeaf
 
 CHECK_MODULE = "hatch_precompile.worker.cpp_form"
@@ -74,22 +75,29 @@ def produce(model: ModelConfig, exported: Any, config: dict[str, Any], entry: Ar
     from .torch_internals import compile_container, container_constants
 
     try:
-        library = compile_container(exported, config)
+        library, ops = compile_container(exported, config)
     except Exception as error:  # the build goes on in the lean form, saying why
         return {"refused": f"AOTInductor could not compile it: {_torch_error(error)}"}
     path = out_dir / cpp_library_file(entry["file"])
     path.write_bytes(library)
+    ops_path = out_dir / cpp_ops_file(path.name)
+    if ops is not None:
+        ops_path.write_bytes(ops)
     constants = container_constants(path, exported)
     unknown = sorted(set(constants.values()) - set(order))
     if unknown:
         path.unlink()
+        ops_path.unlink(missing_ok=True)
         return {"refused": f"the library holds constants that are not the graph's weights: {', '.join(unknown)}"}
     kernels = [read_needs(out_dir / KERNELS_DIR / kernel_file(key)) for key in entry["kernels"]]
     try:
         entry["native"] = system_needs([*kernels, read_needs(path)], torch_libraries()).manifest()
     except UnprovidedLibraryError as error:
         raise ModelBuildError(model.name, "checking the C++ form's native dependencies", str(error)) from None
-    return {"file": path.name, "constants": constants}
+    record: CppRecord = {"file": path.name, "constants": constants}
+    if ops is not None:
+        record["ops"] = {"file": ops_path.name, "size": len(ops), "sha256": hashlib.sha256(ops).hexdigest()}
+    return record
 
 
 def check_in_fresh_process(model: ModelConfig, candidates: list[CppCandidate], scratch: Path) -> None:
@@ -121,6 +129,7 @@ def check_in_fresh_process(model: ModelConfig, candidates: list[CppCandidate], s
                 reason = error.message
         if reason:
             candidate.library.unlink()
+            (candidate.library.parent / cpp_ops_file(candidate.library.name)).unlink(missing_ok=True)
             candidate.artifact["cpp"] = {"refused": reason}
 
 

@@ -168,9 +168,13 @@ def _finish(model: _Compiled) -> BuiltModel:
             form = f"int8, lean form only ({lean['file']})"
         if has_cpp_form(artifact.entry):
             form = f"C++ form ({artifact.entry['cpp']['file']}) and {form}"
-        elif "cpp" in artifact.entry:
-            form += f"; no C++ form: {artifact.entry['cpp']['refused']}"
         _report(request.model.name, f"{artifact.entry['file']}: {form}")
+    refused: dict[str, list[str]] = {}  # the C++ form's refusals, each said once with the variants it holds for
+    for artifact in model.produced:
+        if "refused" in artifact.entry.get("cpp", {}):
+            refused.setdefault(artifact.entry["cpp"]["refused"], []).append(artifact.entry["file"])
+    for reason, files in refused.items():
+        _report(request.model.name, f"no C++ form for {', '.join(files)} (the forms above load instead): {reason}")
     _report_remote(request)
     return BuiltModel(
         model_entry(request.model, model.captured, model.weights, model.op_libraries, [a.entry for a in model.produced], model.quantization),

@@ -8,7 +8,11 @@ checks each):
   container: the graph's C++ wrapper and its kernels, linked against
   libtorch_cpu and libgomp, with no Python symbol. With
   `aot_inductor.package_constants_in_so=False` the library holds no constant
-  (the weights stay out of it); the loader binds them.
+  (the weights stay out of it); the loader binds them. An op the container
+  cannot call through its C shim (`quantized::int4mm_packed_weight_cpu`) is called
+  through its proxy executor, which reads the op calls from `<library>.json`
+  beside the `.so` (the runner looks for that name); the package holds it beside
+  its library.
 - Reproducible libraries. Every C++ compile of it goes through
   `torch._inductor.codecache.CppBuilder(name, sources, BuildOption,
   output_dir)`; `BuildOption._passthrough_args` reach the command line.
@@ -65,9 +69,11 @@ CONTAINER_CONFIG = {
 }
 
 
-def compile_container(exported: torch.export.ExportedProgram, inductor_config: dict[str, Any]) -> bytes:
+def compile_container(exported: torch.export.ExportedProgram, inductor_config: dict[str, Any]) -> tuple[bytes, bytes | None]:
     """The model container library of `exported`, compiled with `inductor_config`
-    (the model's options and its CPU target's) and holding no weights."""
+    (the model's options and its CPU target's) and holding no weights; and the
+    description of the ops it calls through AOTInductor's proxy executor, where it
+    calls any (None where not), which the loader must find beside the library."""
     with tempfile.TemporaryDirectory(prefix="hatch-precompile-aoti-") as scratch, _reproducible_compiles(), contextlib.ExitStack() as headers:
         if _compiler_outputs:
             headers.enter_context(precompiled_headers_in(_compiler_outputs[-1] / "headers"))
@@ -78,7 +84,8 @@ def compile_container(exported: torch.export.ExportedProgram, inductor_config: d
             libraries = [name for name in archive.namelist() if name.endswith(".so")]
             if len(libraries) != 1:
                 raise RuntimeError(f"AOTInductor's package holds {len(libraries)} libraries ({libraries}), where hatch-precompile expects one")
-            return archive.read(libraries[0])
+            ops = libraries[0].removesuffix(".so") + ".json"
+            return archive.read(libraries[0]), archive.read(ops) if ops in archive.namelist() else None
 
 
 @contextlib.contextmanager
