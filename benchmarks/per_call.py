@@ -1,4 +1,4 @@
-"""Where a call's time goes: the lean form against AOTInductor, per call.
+"""Where a call's time goes: the lean and C++ forms against AOTInductor, per call.
 
 Run it in an environment where the example wheels are installed
 (`./dev.sh bench-per-call` builds both and runs this). For the example encoder
@@ -17,10 +17,14 @@ processes (median of --runs, interleaved; each process times --calls calls):
   `torch.ops` (attention), and the glue a C++ wrapper does in nanoseconds:
   size/stride asserts, `reinterpret_tensor` views, buffer allocations. "rest"
   is the module's own Python between them: graph code minus all of those.
-- AOTInductor: `aoti_load_package` of a package exported with a dynamic batch
-  (made at setup, as benchmarks/cold_start.py does). "per call" is `model(...)`;
-  "graph code" is the package loader's `boxed_run` with the flat inputs; the
-  difference is its Python side (call spec, pytree).
+- C++ form: `load_compiled(name)` where the wheel has it (`cpp-form = true`);
+  "graph code" is the container's `run` with the call's flat inputs, bound to
+  the weights (AOTInductor's C++ runner); "loader" the rest.
+- AOTInductor: `aoti_load_package` of a package exported with a dynamic batch,
+  for the CPU target the wheel's variant was compiled for (made at setup, as
+  benchmarks/cold_start.py does). "per call" is `model(...)`; "graph code" is
+  the package loader's `boxed_run` with the flat inputs (its C++ runner called
+  directly); the difference is its Python side (call spec, pytree).
 """
 
 from __future__ import annotations
@@ -77,9 +81,13 @@ package = importlib.import_module(spec["package"])
 model = package.load_compiled(spec["name"], **({"outputs": "plain"} if spec["library"] else {}))
 with torch.no_grad():
     flat, sizes = model._checked((ids,), kwargs)
-    _, run = model._variants.pick(sizes)
-    inputs = [*model._weights, *flat]
-    report = {"call": median_us(lambda: model(ids, **kwargs)), "graph": median_us(lambda: run(list(inputs)))}
+    index = model._variants.pick(sizes)
+    bound, graph = model._runs[index], model._variants.variants[index][2]
+    report = {"call": median_us(lambda: model(ids, **kwargs)), "graph": median_us(lambda: bound(list(flat))), "loaded": repr(model)}
+    if side == "cpp":  # the container's run: AOTInductor's C++ runner, as AOTInductor's own `boxed_run` calls it
+        print(json.dumps(report))
+        sys.exit(0)
+    run, inputs = graph._run, [*model._weights, *flat]  # the lean form: its output module's `call`, timed part by part
 
     # The output module's globals, each callable wrapped with a timer.
     call = dict(zip(run.__code__.co_freevars, (cell.cell_contents for cell in run.__closure__)))["call"]
@@ -131,7 +139,8 @@ PARTS = ("kernels", "matrix products", "aten ops", "size/stride asserts", "views
 
 
 def run_child(side: str, spec: dict, calls: int, scratch: Path) -> dict:
-    done = cold_start.run_with_own_tmpdir([sys.executable, "-c", CHILD, side, str(calls), json.dumps(spec)], None, scratch, 600)
+    env = {**os.environ, "HATCH_PRECOMPILE_FORM": {"lean": "lean", "cpp": "cpp"}.get(side, "auto")}
+    done = cold_start.run_with_own_tmpdir([sys.executable, "-c", CHILD, side, str(calls), json.dumps(spec)], env, scratch, 600)
     if done.returncode != 0:
         raise SystemExit(f"{spec['key']} batch {spec['batch']}, {side}: failed\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -141,22 +150,26 @@ def cell(values: list[float]) -> str:
     return f"{statistics.median(values):.1f}"
 
 
-def table(key: str, batch: int, lean: list[dict], aoti: list[dict]) -> str:
-    """One model at one batch: the lean form's call split into its parts, beside AOTInductor's."""
-    call, aoti_call = [r["call"] for r in lean], [r["call"] for r in aoti]
+def table(key: str, batch: int, lean: list[dict], cpp: list[dict], aoti: list[dict]) -> str:
+    """One model at one batch: the lean form's call split into its parts, beside the C++ form's and AOTInductor's."""
+    call, cpp_call, aoti_call = [r["call"] for r in lean], [r["call"] for r in cpp], [r["call"] for r in aoti]
     rows = [
-        ("per call", cell(call), cell(aoti_call)),
-        ("loader / package's Python side", cell([r["call"] - r["graph"] for r in lean]), cell([r["call"] - r["graph"] for r in aoti])),
-        ("graph code", cell([r["graph"] for r in lean]), cell([r["graph"] for r in aoti])),
+        ("per call", cell(call), cell(cpp_call), cell(aoti_call)),
+        ("loader / package's Python side", *(cell([r["call"] - r["graph"] for r in side]) for side in (lean, cpp, aoti))),
+        ("graph code (C++ form, AOTInductor: its C++ runner)", *(cell([r["graph"] for r in side]) for side in (lean, cpp, aoti))),
     ]
     counts = lean[0]["counts"]
     for part in PARTS:
         if part in counts:
-            rows.append((f"  {part} ({counts[part]} calls)", cell([r["parts"][part] for r in lean]), ""))
-    rows.append(("  rest: the module's own Python", cell([r["graph"] - sum(r["parts"].values()) for r in lean]), ""))
-    ratio = statistics.median(call) / statistics.median(aoti_call)
-    lines = [f"{key}, batch {batch} (lean form {ratio:.2f}x AOTInductor's time per call)", "", "| us per call (median) | lean form | AOTInductor |", "|---|---|---|"]
-    lines += [f"| {name} | {ours} | {theirs} |" for name, ours, theirs in rows]
+            rows.append((f"  {part} ({counts[part]} calls)", cell([r["parts"][part] for r in lean]), "", ""))
+    rows.append(("  rest: the module's own Python", cell([r["graph"] - sum(r["parts"].values()) for r in lean]), "", ""))
+    runner = statistics.median(r["graph"] for r in aoti)
+    ratios = (
+        f"lean form {statistics.median(call) / statistics.median(aoti_call):.2f}x AOTInductor's call; C++ form "
+        f"{statistics.median(cpp_call) / statistics.median(aoti_call):.2f}x AOTInductor's call, {statistics.median(cpp_call) / runner:.2f}x its C++ runner called directly"
+    )
+    lines = [f"{key}, batch {batch} ({ratios}; loaded {cpp[0]['loaded']})", "", "| us per call (median) | lean form | C++ form | AOTInductor |", "|---|---|---|---|"]
+    lines += [f"| {name} | {lean_cell} | {cpp_cell} | {aoti_cell} |" for name, lean_cell, cpp_cell, aoti_cell in rows]
     return "\n".join(lines)
 
 
@@ -188,12 +201,13 @@ def main() -> None:
                     "threads": THREADS,
                     "aoti_package": str(Path(scratch) / f"{key}.pt2"),
                 }
-                lean, aoti = [], []
-                for _ in range(options.runs):  # interleaved: both sides share the machine's load
+                lean, cpp, aoti = [], [], []
+                for _ in range(options.runs):  # interleaved: every side shares the machine's load
                     lean.append(run_child("lean", spec, options.calls, Path(scratch)))
+                    cpp.append(run_child("cpp", spec, options.calls, Path(scratch)))
                     aoti.append(run_child("aoti", spec, options.calls, Path(scratch)))
                 print()
-                print(table(key, batch, lean, aoti))
+                print(table(key, batch, lean, cpp, aoti))
 
 
 if __name__ == "__main__":
