@@ -43,16 +43,7 @@ PACKAGE = "battery_cpp"
 CHILD = r"""
 import importlib, json, sys, time, torch
 sys.path.insert(0, sys.argv[2])
-from inputs import make
-
-def leaves(value):
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if hasattr(value, "items"):
-        return [leaf for _, item in value.items() for leaf in leaves(item)]
-    if isinstance(value, (tuple, list)):
-        return [leaf for item in value for leaf in leaves(item)]
-    return []
+from inputs import leaves, make
 
 calls = int(sys.argv[3])
 for case in json.loads(sys.argv[1]):

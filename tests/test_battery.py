@@ -49,22 +49,13 @@ ELSEWHERE_PYTHON = "3.13"  # where the lean wheel is loaded again, under PyPI's 
 COMPARE = r'''
 import importlib, json, sys, torch
 
-def leaves(value):
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if hasattr(value, "items"):
-        return [leaf for _, item in value.items() for leaf in leaves(item)]
-    if isinstance(value, (tuple, list)):
-        return [leaf for item in value for leaf in leaves(item)]
-    return []
-
 def figures(got, want):
     """Relative error and cosine similarity against the float32 output."""
     g, w = got.double().flatten(), want.double().flatten()
     return ((g - w).norm() / w.norm()).item(), torch.nn.functional.cosine_similarity(g, w, dim=0).item()
 
 sys.path.insert(0, sys.argv[2])  # tests/battery: inputs.py
-from inputs import make
+from inputs import leaves, make
 
 report = {}
 for case in json.loads(sys.argv[1]):

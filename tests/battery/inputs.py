@@ -1,4 +1,5 @@
-"""A battery model's inputs at given dim sizes, made as its declaration says.
+"""A battery model's inputs at given dim sizes, made as its declaration says, and
+the tensors of its outputs.
 
 Imported by the processes that run the installed battery wheels (the test's
 comparison with eager and `benchmarks/battery_forms.py`), which put this folder
@@ -27,3 +28,14 @@ def make(spec: dict[str, Any], size: dict[str, int], generator: torch.Generator)
     if high == 2:  # an attention mask: 1 attends; the first position always does
         values[:, 0] = 1
     return values
+
+
+def leaves(value: Any) -> list[torch.Tensor]:
+    """The tensors of an output, in order: through dicts (and output classes), tuples and lists."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if hasattr(value, "items"):
+        return [leaf for _, item in value.items() for leaf in leaves(item)]
+    if isinstance(value, (tuple, list)):
+        return [leaf for item in value for leaf in leaves(item)]
+    return []
