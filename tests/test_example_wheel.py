@@ -149,8 +149,10 @@ def test_wheel_and_sdist_pin_the_same_torch_release(example_build: ExampleBuild)
 def test_build_reports_progress_per_model_and_step(example_build: ExampleBuild) -> None:
     # the distribution's version: PyPI's builds carry no local label there (torch.__version__ has +cu130)
     assert f"compiling with torch {importlib.metadata.version('torch')}; the wheel requires {TORCH_PIN}" in example_build.log
-    for step in ("built the module", "captured with torch.export (dynamic dims)", "avx2 (dynamic dims): compiled, checked against eager: relative error"):
+    for step in ("built the module", "captured with torch.export (dynamic dims)", "avx2 (dynamic dims): compiled (its C++ form in"):
         assert re.search(rf"^precompile: encoder: {re.escape(step)}.* \([\d.]+ s\)$", example_build.log, re.MULTILINE), step
+    assert re.search(r"^precompile: encoder: avx2 \(dynamic dims\): compiled \(its C\+\+ form in [\d.]+ s\), checked against eager: relative error", example_build.log, re.MULTILINE)
+    assert "precompile: encoder: ran the C++ form of 1 variant(s) in a fresh process and compared with eager" in example_build.log
 
 
 @pytest.mark.release
