@@ -133,15 +133,15 @@ def main() -> None:
             for form in runs:  # interleaved: both forms share the machine's load
                 runs[form].append(run_form(cases, site, form, options.calls))
     lines = [
-        "| model | loads in | C++ form, us per call (min-max) | lean form, us per call (min-max) | C++ / lean | largest difference from eager (C++ form) | C++ compile, s |",
-        "|---|---|---|---|---|---|---|",
+        "| model | loads in | C++ form, us per call (min-max) | lean form, us per call (min-max) | C++ / lean | largest difference from eager (C++ form) |",
+        "|---|---|---|---|---|---|",
     ]
     ratios = []
     for a in architectures:
         entries = {form: [run.get(a.name, {"error": "no result"}) for run in results] for form, results in runs.items()}
         failed = next((e["error"] for es in entries.values() for e in es if "error" in e), None)
         if failed:
-            lines.append(f"| {a.name} | failed: {failed} | | | | | |")
+            lines.append(f"| {a.name} | failed: {failed} | | | | |")
             continue
         loaded = "C++" if entries["auto"][0]["loaded"].endswith("_cpp.so>") else "lean"
         cpp, lean = [e["call"] for e in entries["auto"]], [e["call"] for e in entries["lean"]]
@@ -149,7 +149,10 @@ def main() -> None:
         if loaded == "C++":
             ratios.append(ratio)
         difference = max(e["difference"] for e in entries["auto"])
-        lines.append(f"| {a.name} | {loaded} | {spread(cpp)} | {spread(lean)} | {ratio:.2f}x | {difference:.2g} | {seconds.get(a.name, 0):.1f} |")
+        lines.append(f"| {a.name} | {loaded} | {spread(cpp)} | {spread(lean)} | {ratio:.2f}x | {difference:.2g} |")
+    compiled = {name: spent for name, spent in seconds.items() if spent}  # none where the build cache held every library
+    if compiled:
+        print(f"C++ form compile per model, s: median {statistics.median(compiled.values()):.1f}, {min(compiled.values()):.1f}-{max(compiled.values()):.1f}")
     summary = "none loads in the C++ form"
     if ratios:
         summary = f"{len(ratios)} of {len(architectures)} load in the C++ form; C++ / lean per call: median {statistics.median(ratios):.2f}x, {min(ratios):.2f}-{max(ratios):.2f}x"
