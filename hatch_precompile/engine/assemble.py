@@ -133,15 +133,17 @@ def assemble(staging: Path, package: str, entries: dict[str, ModelEntry]) -> dic
 
 def _artifact_record(model: str, model_dir: Path, artifact: ArtifactEntry) -> ArtifactEntry:
     """An artifact's manifest entry with its files' paths in the wheel, sizes and sha256."""
-    record: ArtifactEntry = {**artifact, "file": f"{model}/{artifact['file']}", **file_record(model_dir / artifact["file"])}
-    lean = artifact["lean"]
-    if "file" in lean:
-        record["lean"] = {**lean, "file": f"{model}/{lean['file']}", **file_record(model_dir / lean["file"])}
+
+    def placed(entry: Any) -> Any:  # the entry with its file's path in the wheel, size and sha256
+        return {**entry, "file": f"{model}/{entry['file']}", **file_record(model_dir / entry["file"])}
+
+    record: ArtifactEntry = placed(artifact)
+    if has_lean_form(artifact):
+        record["lean"] = placed(artifact["lean"])
     if has_cpp_form(artifact):
-        cpp = artifact["cpp"]
-        record["cpp"] = {**cpp, "file": f"{model}/{cpp['file']}", **file_record(model_dir / cpp["file"])}
-        if "ops" in cpp:
-            record["cpp"]["ops"] = {"file": f"{model}/{cpp['ops']['file']}", **file_record(model_dir / cpp["ops"]["file"])}
+        record["cpp"] = placed(artifact["cpp"])
+        if "ops" in artifact["cpp"]:
+            record["cpp"]["ops"] = placed(artifact["cpp"]["ops"])
     return record
 
 

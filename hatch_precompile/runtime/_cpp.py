@@ -36,16 +36,15 @@ def load(name: str, model: ModelEntry, artifact: ArtifactEntry) -> ContainerGrap
     path = verified_path(record)
     if "ops" in record:  # the runner reads it from beside the library
         verified_path(record["ops"])
-    graph = ContainerGraph(path, record, model["weights"]["order"], model["inputs"]["leaves"])
     try:
-        graph.first = _torch_private.load_container(path)
+        return ContainerGraph(path, record, model["weights"]["order"], model["inputs"]["leaves"])
     except RuntimeError as error:
         raise CppFormError(f"model {name!r}: {HERE / record['file']} cannot be loaded here: {error}") from None
-    return graph
 
 
 class ContainerGraph:
-    """One variant's library; `bind` gives a function of the call's flat inputs."""
+    """One variant's library, its first container loaded (RuntimeError where the
+    dynamic loader refuses it); `bind` gives a function of the call's flat inputs."""
 
     def __init__(self, path: Path, record: CppRecord, order: list[str], leaves: list[InputLeaf]) -> None:
         self.path = path
@@ -53,19 +52,19 @@ class ContainerGraph:
         # The container takes the call's tensors alone: the constants a call passes are compiled in.
         self._tensors = [index for index, leaf in enumerate(leaves) if "dtype" in leaf]
         self._every_input_a_tensor = len(self._tensors) == len(leaves)
-        self.first: Any = None
+        self._first: Any = _torch_private.load_container(path)  # loaded now, so that a library that cannot load fails here
         self._taking = threading.Lock()  # two handles made at once must not share the first container
 
     def bind(self, weights: list[Any]) -> Callable[[list[Any]], Any]:
         """A container reading its constants from `weights` (the graph's order):
         the first bind takes the container `load` made, later ones a new one."""
         with self._taking:
-            container, self.first = self.first, None
+            container, self._first = self._first, None
         if container is None:
             container = _torch_private.load_container(self.path)
         # Compiled for dense weights and nothing checks a constant's strides: a caller's
         # transposed or sliced tensor is bound as a dense copy (the shipped ones and the state are dense).
-        bound = {constant: weights[index] if weights[index].is_contiguous() else weights[index].contiguous() for constant, index in self._constants.items()}
+        bound = {constant: weights[index].contiguous() for constant, index in self._constants.items()}
         try:
             _torch_private.bind_constants(container, bound)
         except RuntimeError as error:

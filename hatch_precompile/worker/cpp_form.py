@@ -29,9 +29,9 @@ from ..engine.model_config import ModelConfig
 from ..engine.native import UnprovidedLibraryError, read_needs, system_needs, torch_libraries
 from ..runtime._layout import KERNELS_DIR, cpp_library_file, cpp_ops_file, kernel_file
 from ..runtime._schema import ArtifactEntry, CppRecord, InputLeaf
+from .lean_check import COMPILER_MODULES
 
 CHECK_MODULE = "hatch_precompile.worker.cpp_form"
-COMPILER_MODULES = ("torch._inductor", "torch._dynamo")
 
 
 @dataclass
@@ -58,7 +58,7 @@ class _LibraryCheck(TypedDict):
 
 def refusal(model: ModelConfig, op_libraries: dict[str, str], aliased: str) -> str:
     """Why this model has no C++ form, or ""; `aliased` is why an output is not a
-    tensor of its own (`torch_internals.wrapper_work`'s words), or ""."""
+    tensor of its own (`torch_internals.aliased_output`'s words), or ""."""
     if model.quantize == "int8":
         return "an int8 graph is compiled with its weights frozen in as oneDNN's packed constants, which the container cannot bind"
     if op_libraries:
@@ -137,12 +137,10 @@ def _run(check: _LibraryCheck) -> dict[str, Any]:
     """Run one library on each call from the initial state, through the loader's code."""
     import torch
 
-    from ..runtime import _torch_private
     from ..runtime._cpp import ContainerGraph
 
     data = torch.load(check["data"], weights_only=True)  # compile._CheckedSequence
     graph = ContainerGraph(Path(check["library"]), check["record"], check["order"], check["leaves"])
-    graph.first = _torch_private.load_container(graph.path)
     run = graph.bind(data["initial"])  # the state in it is updated in place by each call
     outputs = []
     for inputs in data["calls"]:
