@@ -80,7 +80,7 @@ if side == "aoti":
 package = importlib.import_module(spec["package"])
 model = package.load_compiled(spec["name"], **({"outputs": "plain"} if spec["library"] else {}))
 with torch.no_grad():
-    flat, sizes = model._checked((ids,), kwargs)
+    flat, _, sizes = model._contract.accept((ids,), kwargs)
     index = model._variants.pick(sizes)
     bound, graph = model._runs[index], model._variants.variants[index][2]
     report = {"call": median_us(lambda: model(ids, **kwargs)), "graph": median_us(lambda: bound(list(flat))), "loaded": repr(model)}
