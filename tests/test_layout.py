@@ -101,3 +101,32 @@ def test_the_shipped_loader_imports_only_itself_torch_and_the_standard_library()
             if names:
                 found.setdefault(path.name, []).extend(names)
     assert found == {}
+
+
+def _string_literals(path: Path) -> set[str]:
+    """The strings a module's code compares or indexes with (docstrings left out)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docstrings = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)}
+    return {node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings}
+
+
+def test_each_loader_form_is_one_module_and_no_other_module_names_a_form() -> None:
+    """A form of the loader (`runtime/_choice.py`'s FORMS) is one module with the
+    interface `runtime/_graph.py`'s Form states (mypy checks its types); no other
+    loader module names a form or reads its manifest record, but the registry's one
+    line and the manifest's types. So a fourth form is a new module and that line."""
+    from hatch_precompile.runtime import _choice, _graph
+
+    interface = {name for name in dir(_graph.Form) if not name.startswith("_")} | set(_graph.Form.__annotations__)
+    modules = {}
+    for name, form in _choice.FORMS.items():
+        assert name == form.NAME
+        assert interface <= set(vars(form)), f"{form.__name__} lacks {sorted(interface - set(vars(form)))}"
+        modules[Path(form.__file__).name] = name
+    named = {}
+    for path in sorted((PACKAGE / "runtime").glob("*.py")):
+        if path.name not in {*modules, "_schema.py"}:
+            found = _string_literals(path) & set(_choice.FORMS)
+            if found:
+                named[path.name] = sorted(found)
+    assert named == {}

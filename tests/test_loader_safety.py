@@ -388,10 +388,28 @@ def test_a_cpp_library_the_dynamic_loader_refuses_falls_back_to_the_lean_form_or
     assert lean.returncode == 0, lean.stderr[-2000:]
     assert "<compiled model 'encoder' from encoder/cpu_avx2.py>" in lean.stdout
     library = package / record["file"]
-    assert f"(C++ form) for CPU target avx2; loaded encoder/cpu_avx2.py instead: model 'encoder': {library} cannot be loaded here: " in lean.stdout
+    assert f"(C++ form) for CPU target avx2; loaded encoder/cpu_avx2.py instead: {library} cannot be loaded here: " in lean.stdout
     assert "Error in dlopen" in lean.stdout and "file too short" in lean.stdout
     refused = run_copy(deploy_venv, package, HATCH_PRECOMPILE_FALLBACK="error")
     assert_refused(refused, "PrecompiledModelError", "model 'encoder'", str(library), "file too short", "HATCH_PRECOMPILE_FORM=lean")
+    # Where the C++ form is the only one allowed, the model's fallback applies, saying why.
+    eager = run_copy(deploy_venv, package, HATCH_PRECOMPILE_FORM="cpp")
+    assert eager.returncode == 0, eager.stderr[-2000:]
+    assert "<eager fallback TextEncoder>" in eager.stdout
+    assert f"{library} cannot be loaded here: " in eager.stderr and "no other form of encoder/cpu_avx2.bin fits here" in eager.stderr
+
+
+def test_a_cpp_library_whose_constants_the_manifest_does_not_all_name_is_refused_by_name(deploy_venv: Venv, package: Path) -> None:
+    """The library reads every constant from a tensor bound by name at load: one
+    left unnamed (a manifest out of step with its library) is an error naming the
+    library and the constant, never a call reading unbound memory."""
+    manifest = manifest_of(package)
+    record = manifest["models"]["encoder"]["artifacts"][0]["cpp"]
+    unnamed = sorted(record["constants"])[0]
+    del record["constants"][unnamed]
+    reseal(package / "manifest.json", manifest)
+    refused = run_copy(deploy_venv, package)
+    assert_refused(refused, "PrecompiledIntegrityError", str(package / record["file"]), f"the manifest binds none of its constants {unnamed}")
 
 
 def test_a_kernel_the_dynamic_loader_refuses_falls_back_per_policy(deploy_venv: Venv, package: Path) -> None:

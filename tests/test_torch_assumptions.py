@@ -862,6 +862,7 @@ def test_a_weightless_container_binds_by_name_and_updates_each_handles_state(tmp
     for _ in range(2):
         own = {n: t.clone() for n, t in tensors.items()}
         container = _torch_private.load_container(path)
+        assert sorted(_torch_private.container_constant_names(container)) == sorted(constants)
         _torch_private.bind_constants(container, {constant: own[name] for constant, name in constants.items()})
         handles.append((container, own))
     (first, state), (_, untouched) = handles

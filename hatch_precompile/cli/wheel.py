@@ -439,17 +439,18 @@ def _read_record(wheel: Wheel) -> dict[str, tuple[str, str]]:
 
 def _what_loads_here(manifest: Manifest | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """Per model: the loader's own choice for this process (`plan`), or why none."""
-    from ..runtime import _manifest as loader
+    from ..runtime import _choice as loader
+    from ..runtime import _manifest
 
     if manifest is None:
         return {}, {"summary": "not decided: the loader refuses a manifest that does not match its digest"}
     try:
-        here = loader.running_environment()  # imports torch: the decision is made from the running torch
+        here = _manifest.running_environment()  # imports torch: the decision is made from the running torch
     except ImportError as error:
         reason = f"torch cannot be imported here ({error})"
         models = {name: _unloadable(model, reason) for name, model in sorted(manifest["models"].items())}
         return models, {"summary": reason}
-    glibc = loader.running_glibc()
+    glibc = _manifest.running_glibc()
     summary = (
         f"torch {here['torch']} (git {here['torch_git'][:12]}), cp{here['python'].replace('.', '')} {here['platform']}, "
         f"{here['aten_capability']} kernels, glibc {glibc or 'none'} (torch imported to decide, as the loader does)"

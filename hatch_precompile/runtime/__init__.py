@@ -22,13 +22,14 @@ kernels both use (`kernels/*.so`), the "C++ form" where the model asked for one
 The modules here, one job each:
   _layout.py         the name of every file and folder here
   _schema.py         the manifest's shape, typed (the build writes it by the same types)
-  _manifest.py       read and verify the manifest; choose what fits this process
+  _manifest.py       read and verify the manifest; what this process is (torch, Python, CPU, C/C++ runtimes)
+  _choice.py         choose what fits this process: the CPU target, then each variant's form (`FORMS`)
   _integrity.py      check shipped files against the manifest (weights once per file state)
   _cache.py          the private cache folder where loading may write
   _contract.py       check a call's arguments; rebuild the output structure
   _weights.py        bind the shipped, factory or caller's weights
   _ops.py            import the libraries that define the model's custom ops
-  _graph.py          what each form's load returns: a graph that binds a handle's weights
+  _graph.py          what a form is (`Form`) and what its load returns: a graph that binds a handle's weights
   _cpp.py            the C++ form: AOTInductor's model container library, weights bound per handle
   _lean.py           the lean form: run the output module and kernels directly
   _frozen_tensors.py an int8 variant's frozen constants, rebuilt (its only form is the lean one)
@@ -68,23 +69,21 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from . import _artifact, _cpp, _fork, _lean
-from ._contract import check_inputs, conform_layouts, flatten_call, given_back, unflatten
+from . import _fork
+from ._choice import FORM_VARIABLE, FORMS, Choice, Plan, next_form, plan, why_form
+from ._contract import CallContract, given_back, unflatten
 from ._errors import PrecompiledFallbackWarning, PrecompiledIntegrityError, PrecompiledModelError
 from ._generate import Generating
-from ._graph import Graph
-from ._manifest import MANIFEST_FORMAT, Choice, Plan, cpu_features, fallback_policy, plan, read_manifest, unavailable, why_form, without_cpp
+from ._graph import FormUnavailable, Graph
+from ._manifest import MANIFEST_FORMAT, cpu_features, fallback_policy, read_manifest, unavailable
 from ._ops import OpLibraryError, import_op_libraries
-from ._schema import ArtifactEntry, ModelEntry, SourceModel, ships_weights
+from ._schema import ModelEntry, SourceModel, ships_weights
 from ._weights import bind_weights, build_module, read_weights
 
 __all__ = ["PrecompiledFallbackWarning", "PrecompiledIntegrityError", "PrecompiledModelError", "explain", "load_compiled"]
 __all__ += ["MANIFEST_FORMAT"]  # read by the build, which writes manifests in this format
 
 OUTPUT_FORMS = ("classes", "plain")  # library output classes rebuilt, or dicts and tuples
-_FORM_NAMES = {"cpp": "C++ form", "lean": "lean form", "artifact": "artifact form"}
-# Each form's load(name, model entry, variant entry) -> Graph (`_graph.py`), by the manifest's name.
-_FORMS: dict[str, Callable[[str, ModelEntry, ArtifactEntry], Graph]] = {"cpp": _cpp.load, "lean": _lean.load, "artifact": _artifact.load}
 
 _lock = threading.Lock()
 _loaded: dict[tuple[str, str], CompiledModel | _EagerModel] = {}  # (name, outputs) -> model with the default weights
@@ -132,7 +131,7 @@ def load_compiled(
         if how.entry is not None and how.choices and name not in _variants:
             try:
                 _variants[name] = _Variants(name, how.entry, how.choices, fallback_policy(fallback, how.model))
-            except OpLibraryError as error:
+            except (OpLibraryError, FormUnavailable) as error:
                 how = Plan(how.model, how.entry, [], str(error))
             except (ImportError, OSError) as error:  # the dynamic loader refused a shipped kernel
                 how = Plan(how.model, how.entry, [], f"a shipped kernel could not be loaded here: {error}")
@@ -178,11 +177,11 @@ def explain(name: str | None = None) -> str:
         if how.entry is None or not how.choices:
             lines.append(f"{each}: {how.reason}; fallback: {fallback_policy(None, how.model)}")
             continue
-        described = [f"{choice.file} ({_FORM_NAMES[choice.form]}{why_form(choice)})" for choice in how.choices]
+        described = [f"{choice.file} ({choice.title}{why_form(choice)})" for choice in how.choices]
         line = f"{each}: would load {', '.join(described)} for CPU target {how.choices[0].artifact['cpu_target']}"
         loaded = _variants.get(each)
-        if loaded is not None and loaded.cpp_failure:
-            line += f"; loaded {', '.join(loaded.files)} instead: {loaded.cpp_failure}"
+        if loaded is not None and loaded.failure:
+            line += f"; loaded {', '.join(loaded.files)} instead: {loaded.failure}"
         op_libraries = how.entry["op_libraries"]
         if op_libraries:
             line += f", after importing {', '.join(sorted(set(op_libraries.values())))} (custom ops {', '.join(op_libraries)})"
@@ -207,14 +206,16 @@ load_compiled.explain = explain  # type: ignore[attr-defined]  # reachable throu
 class _Variants:
     """The loaded shape variants of one model for one CPU target, most
     specialised first, each a graph that `CompiledModel` binds weights to. A
-    variant whose C++ form fails to load here loads in the form after it (the
-    reason is in `cpp_failure`), unless the model's fallback policy is "error"."""
+    variant whose form fails to load here loads in the next form that fits (the
+    reason is in `failure`), unless the model's fallback policy is "error";
+    where no other form fits, FormUnavailable says so and the fallback applies."""
 
     def __init__(self, name: str, model: ModelEntry, choices: list[Choice], policy: str) -> None:
         self.name, self.dims = name, model["dims"]
+        self.contract = CallContract(name, model["inputs"], model["dims"])
         import_op_libraries(model["op_libraries"])
         ordered = sorted(choices, key=lambda c: len(c.artifact["specialized"]), reverse=True)
-        self.cpp_failure = ""
+        self.failure = ""
         self.variants: list[tuple[dict[str, int], str, Graph]] = []
         for planned in ordered:
             graph, choice = self._load(name, model, planned, policy)
@@ -222,18 +223,16 @@ class _Variants:
         self.files = [file for _, file, _ in self.variants]
 
     def _load(self, name: str, model: ModelEntry, choice: Choice, policy: str) -> tuple[Graph, Choice]:
-        if choice.form == "cpp":
-            try:
-                return _FORMS["cpp"](name, model, choice.artifact), choice
-            except _cpp.CppFormError as error:
-                if policy == "error":
-                    raise PrecompiledModelError(f"{error} (fallback is 'error'; HATCH_PRECOMPILE_FORM=lean loads the lean form instead)") from None
-                self.cpp_failure = str(error)
-                other = without_cpp(choice)
-                if other is None:
-                    raise PrecompiledModelError(f"{error}, and no other form of {choice.artifact['file']} fits here") from None
-                choice = other
-        return _FORMS[choice.form](name, model, choice.artifact), choice
+        try:
+            return FORMS[choice.form].load(name, model, choice.artifact), choice
+        except FormUnavailable as error:
+            other = next_form(choice)
+            if other is None:  # the model's fallback applies (`load_compiled`)
+                raise FormUnavailable(f"{error}, and no other form of {choice.artifact['file']} fits here") from None
+            if policy == "error":
+                raise PrecompiledModelError(f"model {name!r}: {error} (fallback is 'error'; {FORM_VARIABLE}={other.form} loads the {other.title} instead)") from None
+            self.failure = str(error)
+            return self._load(name, model, other, policy)
 
     def pick(self, sizes: dict[str, int]) -> int:
         """The index of the variant for these dim sizes: an exact bucket, else the dynamic one."""
@@ -255,14 +254,10 @@ class CompiledModel(Generating):
         """`own_state=False` makes the handle `load_compiled` keeps and never returns
         for a model with state: its state is the shared initial values, which
         `with_own_state` copies for each handle it makes."""
-        import torch
-
         self.name, self._model = name, model
         self._inputs, self._outputs = model["inputs"], model["outputs"]
-        keywords = set(model["inputs"]["tree"]["children"][1].get("keys", []))
-        self._keyword_constants = {leaf["name"]: leaf["value"] for leaf in model["inputs"]["leaves"] if "value" in leaf and leaf["name"] in keywords}
         self._variants, self._classes = variants, classes
-        self._no_grad = torch.no_grad
+        self._contract = variants.contract
         order = model["weights"]["order"]
         self._state_at = {state: order.index(state) for state in model["state"]}
         self._initial = weights  # shared by every handle; the state's values before any call
@@ -301,28 +296,23 @@ class CompiledModel(Generating):
         return None if leaf is None else leaf.get("below")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        flat_inputs, sizes = self._checked(args, kwargs)
+        given, conformed, sizes = self._contract.accept(args, kwargs)
         run = self._runs[self._variants.pick(sizes)]
-        conformed = conform_layouts(self._inputs["leaves"], flat_inputs)
         _fork.note_call()
-        with self._no_grad():
-            outputs = run(conformed)
-        return unflatten(self._outputs["tree"], iter(given_back(outputs, conformed, flat_inputs)), self._classes)
+        outputs = run(conformed)
+        if conformed is not given:
+            outputs = given_back(outputs, conformed, given)
+        return unflatten(self._outputs["tree"], iter(outputs), self._classes)
 
     def artifact_for(self, *args: Any, **kwargs: Any) -> str:
         """Which shipped file would serve this call (shape buckets dispatch on size)."""
-        return self._variants.files[self._variants.pick(self._checked(args, kwargs)[1])]
+        return self._variants.files[self._variants.pick(self._contract.accept(args, kwargs)[2])]
 
     def check_inputs(self, *args: Any, **kwargs: Any) -> list[Any]:
         """Flatten a call's arguments and check them against what was compiled
         (compiled code checks nothing: a wrong dtype or size gives garbage or a
         crash). Raises ValueError naming the input; returns the flat inputs."""
-        return self._checked(args, kwargs)[0]
-
-    def _checked(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, int]]:
-        kwargs = {**self._keyword_constants, **kwargs}  # compiled-in keyword constants may be left out
-        flat_inputs = flatten_call(self.name, self._inputs["tree"], args, kwargs)
-        return flat_inputs, check_inputs(self.name, self._inputs["leaves"], self._variants.dims, flat_inputs)
+        return self._contract.accept(args, kwargs)[0]
 
     def __repr__(self) -> str:
         return f"<compiled model {self.name!r} from {', '.join(self._variants.files)}>"

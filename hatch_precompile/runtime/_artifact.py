@@ -16,8 +16,34 @@ from ._cache import inductor_cache_in, private_cache_dir
 from ._errors import PrecompiledIntegrityError
 from ._graph import PositionalGraph
 from ._integrity import verified_bytes, verified_kernels
-from ._manifest import HERE
-from ._schema import ArtifactEntry, ModelEntry
+from ._manifest import HERE, release
+from ._schema import ArtifactEntry, BuiltWith, ModelEntry, TorchAndPython, is_lean_only
+
+NAME, TITLE = "artifact", "artifact form"
+
+
+def shipped(artifact: ArtifactEntry) -> bool:
+    return not is_lean_only(artifact)
+
+
+def refused(artifact: ArtifactEntry) -> str:
+    return "an int8 variant is compiled with its weights frozen in, into no artifact" if is_lean_only(artifact) else ""
+
+
+def file(artifact: ArtifactEntry) -> str:
+    return artifact["file"]
+
+
+def problems(built: BuiltWith, here: TorchAndPython) -> list[str]:
+    """It unpickles inductor's objects: exactly the torch build and Python it was made with."""
+    found = []
+    if built["torch"] != here["torch"]:
+        found.append("torch differs" + (": it needs that exact build" if release(built["torch"]) == release(here["torch"]) else ""))
+    if built["torch_git"] != here["torch_git"]:
+        found.append("torch_git differs")
+    if built["python"] != here["python"]:
+        found.append("python differs: it needs that exact Python")
+    return found
 
 
 def load(name: str, model: ModelEntry, artifact: ArtifactEntry) -> PositionalGraph:

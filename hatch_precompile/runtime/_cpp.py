@@ -19,14 +19,33 @@ from typing import Any
 
 from . import _torch_private
 from ._errors import PrecompiledIntegrityError
+from ._graph import FormUnavailable
 from ._integrity import verified_path
-from ._manifest import HERE
-from ._schema import ArtifactEntry, CppRecord, InputLeaf, ModelEntry
+from ._manifest import HERE, same_torch_release, version_numbers
+from ._schema import ArtifactEntry, BuiltWith, CppRecord, InputLeaf, ModelEntry, TorchAndPython, has_cpp_form
+
+NAME, TITLE = "cpp", "C++ form"
 
 
-class CppFormError(RuntimeError):
-    """The library was shipped intact but cannot be loaded here (the dynamic
-    loader's reason: a missing library or symbol, another CPU)."""
+shipped = has_cpp_form  # the build reads the manifest by the same rule
+
+
+def refused(artifact: ArtifactEntry) -> str:
+    return artifact.get("cpp", {}).get("refused", "")
+
+
+def file(artifact: ArtifactEntry) -> str:
+    return artifact["cpp"]["file"]
+
+
+def problems(built: BuiltWith, here: TorchAndPython) -> list[str]:
+    """A library linked against the libtorch of the release it was built with (any
+    build of it: +cpu, CUDA), with no Python symbol; the wheel's tag still
+    promises the build's Python or a later one."""
+    found = same_torch_release(built, here)
+    if version_numbers(here["python"]) < version_numbers(built["python"]):
+        found.append(f"python differs: the wheel is for CPython {built['python']} or later")
+    return found
 
 
 def load(name: str, model: ModelEntry, artifact: ArtifactEntry) -> ContainerGraph:
@@ -38,8 +57,10 @@ def load(name: str, model: ModelEntry, artifact: ArtifactEntry) -> ContainerGrap
         verified_path(record["ops"])
     try:
         return ContainerGraph(path, record, model["weights"]["order"], model["inputs"]["leaves"])
+    except PrecompiledIntegrityError:
+        raise
     except RuntimeError as error:
-        raise CppFormError(f"model {name!r}: {HERE / record['file']} cannot be loaded here: {error}") from None
+        raise FormUnavailable(f"{HERE / record['file']} cannot be loaded here: {error}") from None
 
 
 class ContainerGraph:
@@ -53,6 +74,9 @@ class ContainerGraph:
         self._tensors = [index for index, leaf in enumerate(leaves) if "dtype" in leaf]
         self._every_input_a_tensor = len(self._tensors) == len(leaves)
         self._first: Any = _torch_private.load_container(path)  # loaded now, so that a library that cannot load fails here
+        unbound = sorted(set(_torch_private.container_constant_names(self._first)) - set(self._constants))
+        if unbound:  # AOTInductor's own refusal would not name them
+            raise PrecompiledIntegrityError(f"{path}: the manifest binds none of its constants {', '.join(unbound)}: the library and the manifest are not of one build")
         self._taking = threading.Lock()  # two handles made at once must not share the first container
 
     def bind(self, weights: list[Any]) -> Callable[[list[Any]], Any]:

@@ -1,17 +1,21 @@
-"""What every form's `load(name, model, artifact)` returns: a graph to bind weights to.
+"""What a form is: a module with this interface (`Form`), whose `load` returns a
+graph to bind weights to (`Graph`).
 
-A form is one module here (`_cpp.py`, `_lean.py`, `_artifact.py`) with a `load`
-that verifies and loads one shipped variant and returns a `Graph`;
-`CompiledModel` binds each handle's weights (and state) to it once and then
-calls what `bind` returned with each call's flat inputs. The lean and artifact
-forms' graphs take the weights before the inputs on every call
-(`PositionalGraph`); the C++ form binds them into a container of its own.
+A form is one module here (`_cpp.py`, `_lean.py`, `_artifact.py`), listed in
+`_choice.FORMS`: it says what the build shipped of it for a variant, what it
+needs of the process, and loads it. `CompiledModel` binds each handle's
+weights (and state) to the loaded graph once and then calls what `bind`
+returned with each call's flat inputs. The lean and artifact forms' graphs take
+the weights before the inputs on every call (`PositionalGraph`); the C++ form
+binds them into a container of its own.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any, Protocol
+
+from ._schema import ArtifactEntry, BuiltWith, ModelEntry, TorchAndPython
 
 
 class Graph(Protocol):
@@ -21,12 +25,54 @@ class Graph(Protocol):
         ...
 
 
+class Form(Protocol):
+    NAME: str  # in the manifest and HATCH_PRECOMPILE_FORM: "cpp"
+    TITLE: str  # in messages: "C++ form"
+
+    def shipped(self, artifact: ArtifactEntry) -> bool:
+        """Whether the build shipped this variant in this form."""
+        ...
+
+    def refused(self, artifact: ArtifactEntry) -> str:
+        """Why the build shipped no such form for this variant, where it says
+        so; "" where it shipped one, or the model did not ask for one."""
+        ...
+
+    def problems(self, built: BuiltWith, here: TorchAndPython) -> list[str]:
+        """What this process lacks to run the form, for variants built with `built`."""
+        ...
+
+    def file(self, artifact: ArtifactEntry) -> str:
+        """The shipped file that holds this variant in this form."""
+        ...
+
+    def load(self, name: str, model: ModelEntry, artifact: ArtifactEntry) -> Graph:
+        """Verify and load this variant's files. Raises FormUnavailable where the
+        files are intact but cannot load here (the next form that fits is tried),
+        PrecompiledIntegrityError where they are damaged."""
+        ...
+
+
+class FormUnavailable(RuntimeError):
+    """A shipped form is intact but cannot be loaded here (the dynamic loader's
+    reason: a missing library or symbol, another CPU)."""
+
+
 class PositionalGraph:
-    """A graph that takes its weights before the call's inputs, every call."""
+    """A graph that takes its weights before the call's inputs, every call, and
+    runs without autograd (its aten calls would record it for a caller's weights
+    that require grad; the C++ form's container runs below autograd)."""
 
     def __init__(self, run: Callable[[list[Any]], Any]) -> None:
         self._run = run
 
     def bind(self, weights: list[Any]) -> Callable[[list[Any]], Any]:
-        run = self._run
-        return lambda inputs: run([*weights, *inputs])
+        import torch
+
+        run, no_grad = self._run, torch.no_grad
+
+        def bound(inputs: list[Any]) -> Any:
+            with no_grad():
+                return run([*weights, *inputs])
+
+        return bound

@@ -20,8 +20,31 @@ from ._errors import PrecompiledIntegrityError
 from ._frozen_tensors import rebuild_constants
 from ._graph import PositionalGraph
 from ._integrity import verified_bytes, verified_kernels
-from ._manifest import HERE
-from ._schema import ArtifactEntry, ModelEntry, is_lean_only
+from ._manifest import HERE, same_torch_release, version_numbers
+from ._schema import ArtifactEntry, BuiltWith, ModelEntry, TorchAndPython, has_lean_form, is_lean_only
+
+NAME, TITLE = "lean", "lean form"
+
+
+shipped = has_lean_form  # the build reads the manifest by the same rule
+
+
+def refused(artifact: ArtifactEntry) -> str:
+    return artifact["lean"].get("refused", "")
+
+
+def file(artifact: ArtifactEntry) -> str:
+    return artifact["lean"]["file"]
+
+
+def problems(built: BuiltWith, here: TorchAndPython) -> list[str]:
+    """Inductor's output module (Python source) runs with kernels that are
+    stable-ABI extensions of the Python they were built with: the same torch
+    release (its op signatures, the module's helpers) and that Python or a later one."""
+    found = same_torch_release(built, here)
+    if version_numbers(here["python"]) < version_numbers(built["python"]):
+        found.append(f"python differs: its kernels need CPython {built['python']} or later")
+    return found
 
 
 def load(name: str, model: ModelEntry, artifact: ArtifactEntry) -> PositionalGraph:

@@ -1,7 +1,8 @@
-"""Reading the manifest, verifying shipped files, and choosing what to load here.
+"""Reading and verifying the manifest, and what this process is: its torch,
+Python, CPU and C/C++ runtimes, as the manifest's records are compared with
+(`_choice.py` chooses what to load from these).
 
-Everything in this module decides from the manifest alone: nothing is unpickled
-and no native code is loaded for an artifact that does not fit this process.
+Nothing here loads native code or unpickles anything.
 """
 
 from __future__ import annotations
@@ -12,13 +13,12 @@ import json
 import os
 import sys
 import sysconfig
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ._errors import PrecompiledIntegrityError, PrecompiledModelError
 from ._layout import BUILD_MODULE, MANIFEST_FILE
-from ._schema import ArtifactEntry, BuiltWith, Manifest, ModelEntry, NativeNeeds, SourceModel, TorchAndPython, has_cpp_form, has_lean_form, is_lean_only
+from ._schema import BuiltWith, Manifest, NativeNeeds, SourceModel, TorchAndPython
 
 HERE = Path(__file__).resolve().parent
 MANIFEST = HERE / MANIFEST_FILE
@@ -27,53 +27,10 @@ CONFIG_TABLE = ("tool", "hatch", "build", "hooks", "precompile")  # where pyproj
 
 CPU_TARGET_VARIABLE = "HATCH_PRECOMPILE_CPU_TARGET"  # force one CPU target (if the CPU can run it)
 FALLBACK_VARIABLE = "HATCH_PRECOMPILE_FALLBACK"  # "eager" or "error" for the whole process
-FORM_VARIABLE = "HATCH_PRECOMPILE_FORM"  # "auto" (default), "cpp", "lean" or "artifact"
-FORMS = ("auto", "cpp", "lean", "artifact")
 
 # torch.backends.cpu.get_cpu_capability() levels, lowest first; it honours a user's
 # ATEN_CPU_CAPABILITY downgrade, so a variant above it is never picked.
 ATEN_LEVELS = ("DEFAULT", "AVX2", "AVX512")
-
-
-@dataclass(frozen=True)
-class Choice:
-    """One shipped shape variant and the form it loads in: "cpp" (AOTInductor's
-    model container library), "lean" (the inductor output module and its
-    kernels; neither imports the compiler) or "artifact" (the
-    AOTCompiledArtifact, through torch._inductor)."""
-
-    artifact: ArtifactEntry
-    form: str
-
-    @property
-    def file(self) -> str:
-        record: Any = {"cpp": self.artifact.get("cpp"), "lean": self.artifact["lean"]}.get(self.form, self.artifact)
-        file: str = record["file"]
-        return file
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What loading a model would do: the variants to load (one CPU target, every
-    shape variant), or none and the reason."""
-
-    model: SourceModel  # what a fallback needs: the manifest entry, or pyproject.toml's table in a source checkout
-    entry: ModelEntry | None  # the manifest entry; None without a manifest
-    choices: list[Choice]
-    reason: str
-
-
-def plan(name: str, manifest: Manifest | None = None) -> Plan:
-    manifest = manifest or read_manifest()
-    if manifest is None:
-        reason = f"no compiled artifacts next to {HERE} (a source checkout, an editable install, or a wheel built without the precompile hook)"
-        return Plan(_model_from_source_config(name), None, [], reason)
-    model = manifest["models"].get(name)
-    if model is None:
-        known = ", ".join(sorted(manifest["models"])) or "none"
-        raise KeyError(f"no model named {name!r} in {MANIFEST} (models: {known})")
-    choices, reason = _choose(model)
-    return Plan(model, model, choices, reason)
 
 
 def fallback_policy(requested: str | None, model: SourceModel) -> str:
@@ -149,139 +106,13 @@ def running_environment() -> RunningEnvironment:
     return {**torch_and_python(), "cpu_features": cpu_features(), "aten_capability": torch.backends.cpu.get_cpu_capability()}
 
 
-def why_form(choice: Choice) -> str:
-    """Why a variant loads in a form other than the C++ one, where a model may
-    have that, as `explain()` and `hatch-precompile inspect` say it: "" for the
-    C++ form, and for a model built without it (`cpp-form` unset)."""
-    if choice.form == "cpp" or ("cpp" not in choice.artifact and choice.form == "lean"):
-        return ""
-    requested = requested_form()
-    if requested != "auto":
-        return f"; {FORM_VARIABLE}={requested}"
-    reasons = []
-    if "cpp" in choice.artifact:
-        reasons.append(f"the build refused the C++ form: {choice.artifact['cpp']['refused']}" if "refused" in choice.artifact["cpp"] else "the C++ form does not fit here")
-    if choice.form == "artifact":
-        reasons.append(f"the build refused the lean form: {choice.artifact['lean'].get('refused')}")
-    return "; " + "; ".join(reasons)
-
-
-def requested_form() -> str:
-    form = os.environ.get(FORM_VARIABLE) or "auto"
-    if form not in FORMS:
-        raise ValueError(f"{FORM_VARIABLE} must be one of {', '.join(FORMS)}, got {form!r}")
-    return form
-
-
-def _choose(model: ModelEntry) -> tuple[list[Choice], str]:
-    """The variants (every shape) of the best CPU target this process can run, each
-    in the form to load, or none and why none fits.
-
-    The two forms need different things of the process (`form_problems`). The
-    torch build is compared by version and git revision: the artifact's exact
-    key, torch_key(), hashes every torch source file and costs a second to compute."""
-    here = running_environment()
-    form = requested_form()
-    targets: dict[str, list[ArtifactEntry]] = {}
-    for artifact in sorted(model["artifacts"], key=lambda a: _aten_level(a["aten_capability"]), reverse=True):
-        targets.setdefault(artifact["cpu_target"], []).append(artifact)
-    forced = os.environ.get(CPU_TARGET_VARIABLE)
-    if forced:
-        if forced not in targets:
-            return [], f"{CPU_TARGET_VARIABLE}={forced} but the shipped CPU targets are: {', '.join(targets)}"
-        targets = {forced: targets[forced]}
-    reasons = []
-    for target, artifacts in targets.items():
-        first = artifacts[0]  # the variants of one target share their requirements
-        built = first["built_with"]
-        problems = ["platform differs"] if built["platform"] != here["platform"] else []
-        missing = sorted(set(first["cpu_features"]) - here["cpu_features"])
-        if missing:
-            problems.append(f"CPU lacks {', '.join(missing)}")
-        if _aten_level(first["aten_capability"]) > _aten_level(here["aten_capability"]):
-            problems.append(f"torch runs {here['aten_capability']} kernels here, not {first['aten_capability']} (see ATEN_CPU_CAPABILITY)")
-        problems += native_problems(first["native"])
-        if not problems:
-            forms = form_problems(built, here, form)
-            chosen = [_form_for(artifact, forms) for artifact in artifacts]
-            choices = [Choice(artifact, how) for artifact, how in zip(artifacts, chosen) if how is not None]
-            if len(choices) == len(artifacts):
-                return choices, ""
-            unfit = artifacts[chosen.index(None)]
-            refused = unfit["lean"].get("refused")
-            lean = forms["lean"] or [f"the build refused it for {unfit['file']}: {refused}"]
-            artifact_form = ["an int8 variant has none"] if "constants" in unfit else forms["artifact"]
-            problems.append(f"the lean form: {', '.join(lean)}; the artifact form: {', '.join(artifact_form)}")
-        reasons.append(
-            f"{first['file']} was built with torch {built['torch']} ({built['torch_git'][:12]}) on cp{built['python'].replace('.', '')} {built['platform']} for {target}: " + ", ".join(problems)
-        )
-    found = ", ".join(sorted(here["cpu_features"])) or "none"
-    running = f"running torch {here['torch']} ({here['torch_git'][:12]}) on cp{here['python'].replace('.', '')} {here['platform']} with {here['aten_capability']} kernels and CPU features: {found}"
-    return [], f"no shipped artifact fits this process: {'; '.join(reasons)}; {running}"
-
-
-def form_problems(built: BuiltWith, here: TorchAndPython, requested: str) -> dict[str, list[str]]:
-    """Why each form ("lean", "artifact") cannot run here, given the torch and
-    Python the variants were built with; an empty list where it can.
-
-    The lean form runs inductor's output module (Python source) with kernels that
-    are stable-ABI extensions of the Python they were built with: it needs the
-    same torch release and git revision (aten's op signatures, the output
-    module's helpers) and that Python or a later one, and it runs under any build
-    of that release (+cpu, CUDA: the local label). The artifact form unpickles
-    inductor's objects, so it needs exactly the torch build and Python it was made with."""
-    same_release = _release(built["torch"]) == _release(here["torch"])
-    cpp, lean, artifact = [], [], []
-    if requested in ("lean", "artifact"):
-        cpp.append(f"{FORM_VARIABLE}={requested}")
-    if requested == "artifact":
-        lean.append(f"{FORM_VARIABLE}=artifact")
-    for same_torch in (cpp, lean):  # a library linked against that release's libtorch
-        if not same_release:
-            same_torch.append("torch differs")
-        if built["torch_git"] != here["torch_git"]:
-            same_torch.append("torch_git differs")
-    if _numbers(here["python"]) < _numbers(built["python"]):
-        lean.append(f"python differs: its kernels need CPython {built['python']} or later")
-        cpp.append(f"python differs: the wheel is for CPython {built['python']} or later")
-    if requested in ("cpp", "lean"):
-        artifact.append(f"{FORM_VARIABLE}={requested}")
-    if requested == "cpp":
-        lean.append(f"{FORM_VARIABLE}=cpp")
-    if built["torch"] != here["torch"]:
-        artifact.append("torch differs" + (": it needs that exact build" if same_release else ""))
-    if built["torch_git"] != here["torch_git"]:
-        artifact.append("torch_git differs")
-    if built["python"] != here["python"]:
-        artifact.append("python differs: it needs that exact Python")
-    return {"cpp": cpp, "lean": lean, "artifact": artifact}
-
-
-def _form_for(artifact: ArtifactEntry, forms: dict[str, list[str]]) -> str | None:
-    """The form one variant loads in: C++ where the build shipped it and it fits,
-    else lean where that was shipped and fits, else the artifact if that fits (an
-    int8 variant has none)."""
-    if has_cpp_form(artifact) and not forms["cpp"]:
-        return "cpp"
-    if has_lean_form(artifact) and not forms["lean"]:
-        return "lean"
-    return "artifact" if not forms["artifact"] and not is_lean_only(artifact) else None
-
-
-def without_cpp(choice: Choice) -> Choice | None:
-    """The form a variant loads in when its C++ form failed to load here."""
-    forms = form_problems(choice.artifact["built_with"], torch_and_python(), requested_form())
-    form = _form_for(choice.artifact, {**forms, "cpp": ["it failed to load"]})
-    return None if form is None else Choice(choice.artifact, form)
-
-
 def native_problems(native: NativeNeeds) -> list[str]:
     """What the kernels need from the system (recorded by the build from their ELF
     files) that this system lacks: a newer glibc, or a libstdc++ without a symbol
     version they use. Decided before any kernel is loaded."""
     problems = []
     glibc = running_glibc()
-    if native["glibc"] and (glibc is None or _numbers(glibc) < _numbers(native["glibc"])):
+    if native["glibc"] and (glibc is None or version_numbers(glibc) < version_numbers(native["glibc"])):
         problems.append(f"its kernels need glibc {native['glibc']}, this system has {glibc or 'no glibc'}")
     lacking = _libstdcxx_lacking(native["glibcxx"]) if native["glibcxx"] else None
     if lacking is not None:
@@ -300,12 +131,23 @@ def _libstdcxx_lacking(version: str) -> Path | None:
     return None
 
 
-def _release(torch_version: str) -> str:
+def same_torch_release(built: BuiltWith, here: TorchAndPython) -> list[str]:
+    """How this torch differs from the one a variant was built with, where code
+    linked against its libtorch needs the same release and git revision (aten's
+    op signatures and C shim) and runs under any build of it (+cpu, CUDA: the
+    local label)."""
+    found = [] if release(built["torch"]) == release(here["torch"]) else ["torch differs"]
+    if built["torch_git"] != here["torch_git"]:
+        found.append("torch_git differs")
+    return found
+
+
+def release(torch_version: str) -> str:
     """A torch version without its local label: '2.13.0+cpu' -> '2.13.0'."""
     return torch_version.split("+")[0]
 
 
-def _numbers(version: str) -> tuple[int, ...]:
+def version_numbers(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in version.split(".") if part.isdigit())
 
 
@@ -329,11 +171,11 @@ def _loaded_libstdcxx() -> Path | None:
     return None
 
 
-def _aten_level(capability: str) -> int:
+def aten_level(capability: str) -> int:
     return ATEN_LEVELS.index(capability) if capability in ATEN_LEVELS else 0
 
 
-def _model_from_source_config(name: str) -> SourceModel:
+def model_from_source_config(name: str) -> SourceModel:
     """In a source checkout: the model's factory, dtype and fallback, read from the
     pyproject.toml above this file (an eager fallback returns the module's own outputs)."""
     for directory in HERE.parents:

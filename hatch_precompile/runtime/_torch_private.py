@@ -49,7 +49,9 @@ What it relies on (measured on torch 2.13):
   dilation, groups, x_shape)` (`PREPACK_OPS`), the calls the build recorded.
 - The C++ form: `torch._C._aoti.AOTIModelContainerRunnerCpu(path, 1)` loads an
   AOTInductor model container library (`dlopen`, no compiler, neither
-  `torch._inductor` nor `torch._dynamo` imported); `update_constant_buffer(map,
+  `torch._inductor` nor `torch._dynamo` imported);
+  `get_constant_names_to_original_fqns()` names every constant it reads;
+  `update_constant_buffer(map,
   use_inactive=False, validate_full_updates=True, user_managed=True)` binds
   every constant to the given tensor without a copy (a missing one is a
   RuntimeError), and `run(tensors)` takes the graph's tensor inputs and returns
@@ -257,6 +259,11 @@ def load_container(path: Path) -> Any:
     import torch
 
     return torch._C._aoti.AOTIModelContainerRunnerCpu(str(path), 1)
+
+
+def container_constant_names(container: Any) -> list[str]:
+    """The names the container's library reads its constants by."""
+    return list(container.get_constant_names_to_original_fqns())
 
 
 def bind_constants(container: Any, constants: dict[str, Any]) -> None:
