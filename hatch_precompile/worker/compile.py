@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -133,12 +133,13 @@ def produce_artifact(
         if model.cpp_form:
             entry["cpp"] = {"refused": cpp_form.refusal(model, {}, "")}
     elif entry is None:
-        entry, outputs, run, output_module = _compile_artifact(model, captured, fixed, target, out_dir, file, flat)
+        config = _target_config(model, target)
+        entry, outputs, run, output_module = _compile_artifact(model, captured, fixed, target, config, out_dir, file, flat)
         origin = "compiled"
         entry["lean"] = lean_record(model.name, captured.exported, output_module, entry, out_dir)
         if model.cpp_form:
             cpp_started = time.perf_counter()
-            entry["cpp"] = _cpp_record(model, captured, target, entry, out_dir)
+            entry["cpp"] = _cpp_record(model, captured, config.options, entry, out_dir)
             cpp_seconds = time.perf_counter() - cpp_started
     elif not set(entry["cpu_features"]) <= cpu_features():
         return ProducedArtifact(entry, key, origin, None, checked_here=False)
@@ -168,7 +169,8 @@ def produce_artifact(
     cpp_candidate = None
     if cpp and data_path:
         eager_outputs = captured.eager_run[0]
-        cpp_candidate = CppCandidate(entry, out_dir / entry["cpp"]["file"], data_path, list(lifted_weights(captured)), captured.input_leaves, eager_outputs, captured.reference_outputs)
+        call_names = [captured.call_name(index) for index in range(len(calls))]
+        cpp_candidate = CppCandidate(entry, out_dir / entry["cpp"]["file"], data_path, list(lifted_weights(captured)), captured.input_leaves, eager_outputs, call_names, captured.reference_outputs)
     return ProducedArtifact(entry, key, origin, lean, checked_here=True, cpp_candidate=cpp_candidate, cpp_seconds=cpp_seconds)
 
 
@@ -215,22 +217,21 @@ def _initial_weights(captured: Captured, quantized: torch.fx.GraphModule | None)
 
 
 def _compile_artifact(
-    model: ModelConfig, captured: Captured, fixed: dict[str, int], target: CpuTarget, out_dir: Path, file: str, flat: list[Any]
+    model: ModelConfig, captured: Captured, fixed: dict[str, int], target: CpuTarget, config: _TargetConfig, out_dir: Path, file: str, flat: list[Any]
 ) -> tuple[ArtifactEntry, list[Any], Runner, tuple[str, list[int], str]]:
     """Compile, write the artifact and its kernels into `out_dir`; returns its
     manifest entry (less the lean record), its outputs on `flat`, a function
     that runs it on other flat inputs, and its output module
     (`torch_internals.output_module`)."""
-    config, isa, isa_flags = _target_config(model, target)
     with torch_internals.captured_kernels() as built:
         try:
-            artifact = torch_internals.compile_exported(captured.exported, config)
+            artifact = torch_internals.compile_exported(captured.exported, config.options)
         except Exception as error:
             raise ModelBuildError(model.name, _compiling(target), _torch_error(error)) from None
         with torch.no_grad():
             outputs = artifact(*flat)
         kernel_files = {key: path() for key, path in built.items()}
-    entry = _variant_entry(model, file, fixed, target, isa, isa_flags, kernel_files, out_dir)
+    entry = _variant_entry(model, file, fixed, target, config, kernel_files, out_dir)
     torch_internals.save_artifact(artifact, str(out_dir / file))
     return entry, outputs, lambda inputs: artifact(*inputs), torch_internals.output_module(artifact, _state_inputs(captured))
 
@@ -248,10 +249,10 @@ def _compile_frozen(
     """Compile an int8 model's converted module with its weights frozen in; write
     its constants (as `file`), lean module and kernels into `out_dir`. It has no
     artifact and no other form, so a lean module that cannot be written stops the build."""
-    config, isa, isa_flags = _target_config(model, target)
+    config = _target_config(model, target)
     with torch_internals.captured_kernels() as built:
         try:
-            frozen = torch_internals.compile_frozen(quantized, {**config, **int8_inductor_config()})
+            frozen = torch_internals.compile_frozen(quantized, {**config.options, **int8_inductor_config()})
         except Exception as error:
             layer = failing_layer(error)
             raise ModelBuildError(model.name, _compiling(target), _torch_error(error) + (f"\n(at layer {layer})" if layer else "")) from None
@@ -259,7 +260,7 @@ def _compile_frozen(
             outputs = frozen.run(*flat)
         kernel_files = {key: path() for key, path in built.items()}
     check_int8_kernels(model, frozen.source)
-    entry = _variant_entry(model, file, fixed, target, isa, isa_flags, kernel_files, out_dir)
+    entry = _variant_entry(model, file, fixed, target, config, kernel_files, out_dir)
     step = "writing the int8 graph's lean form, its only form"
     module_name = lean_module_file(artifact_file(target.name, fixed))
     refused = torch_internals.wrapper_work(captured.exported)
@@ -285,9 +286,16 @@ def _compiling(target: CpuTarget) -> str:
     return f"compiling for CPU target {target.name!r}"
 
 
-def _target_config(model: ModelConfig, target: CpuTarget) -> tuple[dict[str, Any], str, str]:
-    """The model's inductor options with the target's, and the vector ISA's name
-    and compiler flags (empty for a target that sets none)."""
+class _TargetConfig(NamedTuple):
+    """How one CPU target of a model is compiled, for every form of its variants."""
+
+    options: dict[str, Any]  # the model's inductor options with the target's
+    isa: str  # the vector ISA's name, "" for a target that sets none
+    isa_flags: str  # its compiler flags
+
+
+def _target_config(model: ModelConfig, target: CpuTarget) -> _TargetConfig:
+    """Probes the build machine's vector ISA for the target (a compile and run)."""
     config = {**model.options}
     isa, isa_flags = "", ""
     if target.simdlen:
@@ -305,7 +313,7 @@ def _target_config(model: ModelConfig, target: CpuTarget) -> tuple[dict[str, Any
                 f"or remove {target.name!r} from cpu-targets",
             )
         config.update(target.inductor_config())
-    return config, isa, isa_flags
+    return _TargetConfig(config, isa, isa_flags)
 
 
 def _variant_entry(
@@ -313,8 +321,7 @@ def _variant_entry(
     file: str,
     fixed: dict[str, int],
     target: CpuTarget,
-    isa: str,
-    isa_flags: str,
+    config: _TargetConfig,
     kernel_files: dict[str, str],
     out_dir: Path,
 ) -> ArtifactEntry:
@@ -333,9 +340,9 @@ def _variant_entry(
         "specialized": fixed,
         "device": "cpu",
         "cpu_target": target.name,
-        "cpu_features": sorted({*target.features, *features_from_flags(isa_flags)}),
+        "cpu_features": sorted({*target.features, *features_from_flags(config.isa_flags)}),
         "aten_capability": target.aten_capability,
-        "vector_isa": isa,
+        "vector_isa": config.isa,
         "kernels": sorted(kernel_files),
         "native": needs.manifest(),
         "built_with": build_environment(),
@@ -368,13 +375,13 @@ def _save_sequence(entry: ArtifactEntry, sequence: _CheckedSequence, out_dir: Pa
     return data_path
 
 
-def _cpp_record(model: ModelConfig, captured: Captured, target: CpuTarget, entry: ArtifactEntry, out_dir: Path) -> CppRecord:
-    """The variant's C++ form, compiled from the same capture, or why it has none."""
+def _cpp_record(model: ModelConfig, captured: Captured, options: dict[str, Any], entry: ArtifactEntry, out_dir: Path) -> CppRecord:
+    """The variant's C++ form, compiled from the same capture with the artifact's
+    inductor options, or why it has none."""
     reason = cpp_form.refusal(model, torch_internals.python_op_libraries(captured.exported), torch_internals.aliased_output(captured.exported))
     if reason:
         return {"refused": reason}
-    config, _, _ = _target_config(model, target)
-    return cpp_form.produce(model, captured.exported, config, entry, out_dir, list(lifted_weights(captured)))
+    return cpp_form.produce(captured.exported, options, entry, out_dir, list(lifted_weights(captured)))
 
 
 def _output_leaves(exported: torch.export.ExportedProgram, captured: Captured) -> list[OutputLeaf]:

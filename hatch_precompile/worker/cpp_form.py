@@ -44,6 +44,7 @@ class CppCandidate:
     order: list[str]  # the weights' names, in the graph's order
     leaves: list[InputLeaf]
     eager: list[list[Any]]  # eager's flat outputs for each call
+    call_names: list[str]  # each call, in the build's messages (`Captured.call_name`)
     reference: list[Any] | None  # a lower-precision model's float32 outputs on the first call
 
 
@@ -68,9 +69,9 @@ def refusal(model: ModelConfig, op_libraries: dict[str, str], aliased: str) -> s
     return ""
 
 
-def produce(model: ModelConfig, exported: Any, config: dict[str, Any], entry: ArtifactEntry, out_dir: Path, order: list[str]) -> CppRecord:
-    """Compile the variant's library into `out_dir` (or say why not) and count
-    what it needs of the system in the variant's `native` needs."""
+def produce(exported: Any, config: dict[str, Any], entry: ArtifactEntry, out_dir: Path, order: list[str]) -> CppRecord:
+    """Compile the variant's library into `out_dir`, or say why not. What it needs
+    of the system counts in the variant's once it passed its check."""
     from .capture import _torch_error
     from .torch_internals import compile_container, container_constants
 
@@ -89,11 +90,6 @@ def produce(model: ModelConfig, exported: Any, config: dict[str, Any], entry: Ar
         path.unlink()
         ops_path.unlink(missing_ok=True)
         return {"refused": f"the library holds constants that are not the graph's weights: {', '.join(unknown)}"}
-    kernels = [read_needs(out_dir / KERNELS_DIR / kernel_file(key)) for key in entry["kernels"]]
-    try:
-        entry["native"] = system_needs([*kernels, read_needs(path)], torch_libraries()).manifest()
-    except UnprovidedLibraryError as error:
-        raise ModelBuildError(model.name, "checking the C++ form's native dependencies", str(error)) from None
     record: CppRecord = {"file": path.name, "constants": constants}
     if ops is not None:
         record["ops"] = {"file": ops_path.name, "size": len(ops), "sha256": hashlib.sha256(ops).hexdigest()}
@@ -123,14 +119,28 @@ def check_in_fresh_process(model: ModelConfig, candidates: list[CppCandidate], s
         if not reason:
             try:
                 for call, (outputs, eager) in enumerate(zip(ran["outputs"], candidate.eager, strict=True), start=1):
-                    where = "on the example inputs" if call == 1 else f"on call {call} of the build's check"
-                    check_accuracy(model, outputs, eager, candidate.reference if call == 1 else None, f"{where} (the C++ form)")
+                    check_accuracy(model, outputs, eager, candidate.reference if call == 1 else None, f"{candidate.call_names[call - 1]} (the C++ form)")
             except ModelBuildError as error:
                 reason = error.message
+        if not reason:
+            reason = _count_native_needs(candidate)
         if reason:
             candidate.library.unlink()
             (candidate.library.parent / cpp_ops_file(candidate.library.name)).unlink(missing_ok=True)
             candidate.artifact["cpp"] = {"refused": reason}
+
+
+def _count_native_needs(candidate: CppCandidate) -> str:
+    """Add what the library needs of the system (a C++ runtime with threads: the
+    build machine's glibc and libstdc++ symbol versions) to its variant's needs,
+    which decide the wheel's tag; or say why it cannot ship."""
+    kernels = candidate.library.parent / KERNELS_DIR
+    needs = [read_needs(kernels / kernel_file(key)) for key in candidate.artifact["kernels"]]
+    try:
+        candidate.artifact["native"] = system_needs([*needs, read_needs(candidate.library)], torch_libraries()).manifest()
+    except UnprovidedLibraryError as error:
+        return str(error)
+    return ""
 
 
 def _run(check: _LibraryCheck) -> dict[str, Any]:
