@@ -210,16 +210,17 @@ def _rounded(value: float) -> float:
 
 
 def check_steps(model: ModelConfig, captured: Captured, outputs: list[list[Any]], state: list[torch.Tensor]) -> AccuracyRecord | None:
-    """A model with state: each call after the example inputs (`outputs` holds
-    every call's, the example inputs' first), and the state after the last,
-    against eager's from the same initial state, by the model's bounds. A
+    """Each call after the example inputs (`outputs` holds every call's, the
+    example inputs' first: a model with state, its steps; one without, the dims'
+    min, a size between and max), and the state after the last, against eager's
+    from the same initial state, by the model's bounds. A
     lower-precision model is compared with eager in its own dtype here, since the
     float32 module's state would differ from its own. A weight-only model is also
     compared with the float32 module call by call, and its tokens with float32's;
     returns those figures for the manifest (None for other models)."""
     eager_calls, eager_state = captured.eager_run
     for index, (compiled, eager) in enumerate(zip(outputs[1:], eager_calls[1:]), start=1):
-        check_accuracy(model, compiled, eager, None, f"on call {index + 1} of the build's check (after the example inputs)")
+        check_accuracy(model, compiled, eager, None, captured.call_name(index))
     where = f"after the {len(captured.calls)} calls of the build's check"
     for name, compiled_state, eager_value in zip(captured.state, state, eager_state):
         try:

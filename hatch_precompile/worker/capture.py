@@ -55,6 +55,18 @@ class Captured:
     state: list[str] = dataclasses.field(default_factory=list)
     initial_state: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
     steps: list[Call] = dataclasses.field(default_factory=list)
+    # A model without state, whose inputs the build made from their declared shapes:
+    # `steps` are the calls at the dims' min, a size between and max instead (what
+    # each size was, by dim), so that every form is checked over the range it accepts.
+    step_sizes: list[dict[str, int]] = dataclasses.field(default_factory=list)
+
+    def call_name(self, index: int) -> str:
+        """Where call `index` (0: the example inputs) is, in the build's messages."""
+        if index == 0:
+            return "on the example inputs"
+        if self.step_sizes:
+            return f"at {', '.join(f'{dim}={size}' for dim, size in self.step_sizes[index - 1].items())} (the dims' min, a size between and max)"
+        return f"on call {index + 1} of the build's check (after the example inputs)"
 
     @property
     def calls(self) -> list[Call]:
@@ -179,7 +191,9 @@ def capture(model: ModelConfig, module: torch.nn.Module, fixed: dict[str, int], 
         raise ModelBuildError(model.name, "capturing with torch.export", message) from None
     state = mutated_buffers(captured.exported)
     if not state:
-        return captured
+        sizes = _range_sizes(model, fixed)
+        calls = [_inputs_at(model, at, torch.Generator().manual_seed(index))[:2] for index, at in enumerate(sizes, start=1)]
+        return dataclasses.replace(captured, steps=calls, step_sizes=sizes)
     buffers = dict(module.named_buffers())
     initial = {name: buffers[name].detach().clone() for name in state}
     return dataclasses.replace(captured, state=state, initial_state=initial, steps=_example_steps(model, captured))
@@ -343,16 +357,37 @@ def _describe_inputs(
 
 
 def _example_inputs_from_shapes(model: ModelConfig, fixed: dict[str, int]) -> tuple[tuple[Any, ...], dict[str, Any], Axes]:
-    specs = [*model.args, *model.kwargs.values()]
-    static_sizes = {s for spec in specs for s in spec.shape if isinstance(s, int)}
+    return _inputs_at(model, _example_sizes(model, fixed), torch.Generator().manual_seed(0))
+
+
+def _example_sizes(model: ModelConfig, fixed: dict[str, int]) -> dict[str, int]:
+    static_sizes = {s for spec in [*model.args, *model.kwargs.values()] for s in spec.shape if isinstance(s, int)}
     static_sizes |= set(fixed.values())
-    example_size = {d: fixed.get(d) or _example_size(spec.min, spec.max, static_sizes) for d, spec in model.dims.items()}
-    generator = torch.Generator().manual_seed(0)
+    return {d: fixed.get(d) or _example_size(spec.min, spec.max, static_sizes) for d, spec in model.dims.items()}
+
+
+def _range_sizes(model: ModelConfig, fixed: dict[str, int]) -> list[dict[str, int]]:
+    """The dims' sizes a model without state is also checked at: every dim the
+    variant leaves dynamic at its min, at a size between and at its max (those
+    the example inputs were not made at); none where the inputs are the
+    project's own (`example-inputs`) or the model is quantized (its calibration
+    batches are what it is held to)."""
+    dynamic = {d: spec for d, spec in model.dims.items() if d not in fixed and spec.dynamic}
+    if not dynamic or model.example_inputs or model.quantize:
+        return []
+    example = _example_sizes(model, fixed)
+    candidates = [{d: s.min for d, s in dynamic.items()}, {d: min((s.min + s.max) // 2 + 1, s.max) for d, s in dynamic.items()}, {d: s.max for d, s in dynamic.items()}]
+    sizes = [{**example, **at} for at in candidates]
+    return [at for index, at in enumerate(sizes) if at != example and at not in sizes[:index]]
+
+
+def _inputs_at(model: ModelConfig, sizes: dict[str, int], generator: torch.Generator) -> tuple[tuple[Any, ...], dict[str, Any], Axes]:
+    """The declared inputs made at these dims' sizes (random, in each input's range)."""
 
     def make(spec: TensorInput) -> tuple[Any, dict[int, str]]:
         if spec.constant is not None:
             return spec.constant, {}
-        shape = [example_size[s] if isinstance(s, str) else s for s in spec.shape]
+        shape = [sizes[s] if isinstance(s, str) else s for s in spec.shape]
         dims = {axis: s for axis, s in enumerate(spec.shape) if isinstance(s, str)}
         return _random_tensor(shape, getattr(torch, spec.dtype), spec.value_range, generator), dims
 

@@ -3,8 +3,9 @@
 A fresh interpreter, so that nothing the compile left in the process (inductor's
 modules, its kernel cache, patched functions) can make a module pass here that
 would fail in a user's process. Each module runs through the loader's own code
-(`runtime/_lean.py`) on the example inputs (a model with state: on each call
-of the build's check, from the initial state); its outputs, and its state
+(`runtime/_lean.py`) on each call of the build's check (the example inputs,
+then a model's steps from its initial state, or the dims' min, a size between
+and max: `capture.Captured.steps`); its outputs, and its state
 after the last call, must equal the artifact's bit for bit (the artifact's passed the accuracy check), and afterwards
 neither torch._inductor nor torch._dynamo may have been imported (except by the
 modules defining custom ops the graph calls, which the loader imports too).
