@@ -22,6 +22,7 @@ import os
 import re
 import subprocess
 import sys
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,6 +101,7 @@ class Battery:
     env: Venv
     wheels: dict[str, Path]  # package -> its wheel
     build_seconds: dict[str, float]  # model -> the hook's "done in" time
+    logs: dict[str, str]  # package -> its build's output
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +123,7 @@ def battery(tmp_path_factory: pytest.TempPathFactory, torch_venv: Venv) -> Batte
         (wheels[package],) = (project / "dist").glob("*.whl")
         torch_venv.pip("--no-deps", "--reinstall", str(wheels[package]))
     torch_venv.pip(f"transformers=={transformers.__version__}")  # the eager models, and the output classes
-    return Battery(torch_venv, wheels, seconds)
+    return Battery(torch_venv, wheels, seconds, logs)
 
 
 def compare(env: Venv, tmp_path: Path, architectures: list[Architecture], **variables: str) -> dict:
@@ -154,6 +156,22 @@ def test_every_architecture_and_option_matches_eager_in_the_form_it_loads_in(bat
         state_section = DOCS.read_text(encoding="utf-8").partition(STATE_SECTION)[2]
         DOCS.write_text(render(results) + STATE_SECTION + state_section, encoding="utf-8")
     assert summary_rows(DOCS.read_text(encoding="utf-8")) == summary_rows(render(results)), "docs/battery.md no longer says what the battery found: rerun with HATCH_PRECOMPILE_UPDATE_DOCS=1"
+
+
+def test_a_model_whose_cpp_form_is_refused_ships_lean_and_the_build_says_why_once(battery: Battery) -> None:
+    """A graph calling a Python custom op (mixtral), a library holding a constant
+    that is not a weight (the autotuner's): each variant's manifest entry says why,
+    the build log says it once per model, and the model loads lean (the test above)."""
+    declared = [a for a in BUILT if a.cpp_refused]
+    assert declared
+    for a in declared:
+        package = PACKAGE_OF[a.name]
+        with zipfile.ZipFile(battery.wheels[package]) as wheel:
+            manifest = json.loads(wheel.read(f"{package}/_precompiled/manifest.json"))
+        reasons = [artifact["cpp"]["refused"] for artifact in manifest["models"][a.name]["artifacts"]]
+        assert reasons and all(a.cpp_refused in reason for reason in reasons), reasons
+        said = [line for line in battery.logs[package].splitlines() if line.startswith(f"precompile: {a.name}: no C++ form")]
+        assert len(said) == 1 and a.cpp_refused in said[0], said
 
 
 def test_every_architecture_and_option_matches_eager_in_the_artifact_form(battery: Battery, tmp_path: Path) -> None:

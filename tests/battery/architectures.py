@@ -32,6 +32,7 @@ class Architecture:
     dtype: str | None = None  # compiled in this precision; compared with the float32 module
     quantize: str | None = None  # "int8": quantized (PT2E) and compiled frozen; compared with the float32 module
     calibration: str = ""  # an int8 model's calibration batches: their function in models.py ("": the example inputs)
+    cpp_refused: str = ""  # declared with `cpp-form = true`, which the build refuses in these words (it ships lean)
 
     @property
     def factory(self) -> str:
@@ -58,7 +59,15 @@ ARCHITECTURES = [
     # transformers decoders
     Architecture("llama", "transformers: decoders", "LlamaModel (rotary, grouped-query attention)", [TOKENS], TEXT_DIMS, {"attention_mask": MASK}),
     Architecture("mistral", "transformers: decoders", "MistralModel (rotary, grouped-query, sliding window)", [TOKENS], TEXT_DIMS, {"attention_mask": MASK}),
-    Architecture("mixtral", "transformers: decoders", "MixtralModel (mixture of experts, 2 of 4 per token)", [TOKENS], TEXT_DIMS, {"attention_mask": MASK}),
+    Architecture(
+        "mixtral",
+        "transformers: decoders",
+        "MixtralModel (mixture of experts, 2 of 4 per token)",
+        [TOKENS],
+        TEXT_DIMS,
+        {"attention_mask": MASK},
+        cpp_refused="its graph calls Python custom ops (transformers::grouped_mm_fallback), which a C++ container cannot call",
+    ),
     Architecture(
         "switch_transformers",
         "transformers: decoders",
@@ -263,6 +272,8 @@ OPTIONS = [
         {"batch": (1, 8)},
         options={name: value},
         factory_name="conv_maxpool",
+        # The autotuner's choice adds a folded constant of its own, which is not one of the graph's weights.
+        cpp_refused="the library holds constants that are not the graph's weights: constant" if name == "max_autotune" else "",
     )
     for name, value in (
         ("max_autotune", True),
@@ -300,6 +311,8 @@ def table(architectures: list[Architecture], package: str) -> str:
             lines.append(f'quantize = "{a.quantize}"')
         if a.calibration:
             lines.append(f'calibration = "{package}.models:{a.calibration}"')
+        if a.cpp_refused:
+            lines.append("cpp-form = true")
         if a.options:
             lines.append("options = { " + ", ".join(f"{k} = {str(v).lower()}" for k, v in a.options.items()) + " }")
         lines.append("dims = { " + ", ".join(f"{d} = {{ min = {lo}, max = {hi} }}" for d, (lo, hi) in a.dims.items()) + " }")
