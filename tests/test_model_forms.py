@@ -375,7 +375,7 @@ def test_outputs_that_are_inputs_weights_or_views_of_them_load_lean(forms: Venv,
         "too big": report["too big"],
         "explain": (
             "passes_through: would load passes_through/cpu_avx2.py (lean form; the build refused the C++ form: "
-            "output 0 is an input, a weight or a buffer, or a view of one, and the container would return a copy) for CPU target avx2"
+            "output 3 is a weight or a buffer, or a view of one or of an input, and the container would return a copy) for CPU target avx2"
         ),
     }
     assert report["too big"] == "model 'passes_through', input features['x']: dim 'batch' (dim 0) must be in [1, 8], got 9"

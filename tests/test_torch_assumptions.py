@@ -877,7 +877,7 @@ def test_a_weightless_container_binds_by_name_and_updates_each_handles_state(tmp
     assert all(torch.equal(untouched[name], tensors[name]) for name in names)
 
 
-def test_outputs_that_alias_inputs_or_buffers_are_named_for_the_container() -> None:
+def test_outputs_that_alias_inputs_or_buffers_are_named_for_the_container_and_inputs_returned_as_they_are_by_position() -> None:
     class Returns(nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -887,5 +887,15 @@ def test_outputs_that_alias_inputs_or_buffers_are_named_for_the_container() -> N
             return x * 2, self.table[:2]
 
     exported = torch_internals.decompose(torch.export.export(Returns(), (torch.randn(3),)))
-    assert torch_internals.aliased_output(exported) == "output 1 is an input, a weight or a buffer, or a view of one, and the container would return a copy"
+    assert torch_internals.aliased_output(exported) == "output 1 is a weight or a buffer, or a view of one or of an input, and the container would return a copy"
     assert torch_internals.aliased_output(torch_internals.decompose(torch.export.export(Small(), (torch.randn(2, 8),)))) == ""
+    # An input returned as it is (a features dict with more in it) is named by position: the loader hands the caller's back.
+    features = {"x": torch.randn(3), "mask": torch.ones(3, dtype=torch.long)}
+    exported = torch_internals.decompose(torch.export.export(ReturnsFeatures(), (features,)))
+    assert torch_internals.returned_inputs(exported) == {0: 0, 1: 1}
+    assert torch_internals.aliased_output(exported) == ""
+
+
+class ReturnsFeatures(nn.Module):
+    def forward(self, features: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {**features, "twice": features["x"] * 2}

@@ -73,6 +73,7 @@ class ContainerGraph:
         # The container takes the call's tensors alone: the constants a call passes are compiled in.
         self._tensors = [index for index, leaf in enumerate(leaves) if "dtype" in leaf]
         self._every_input_a_tensor = len(self._tensors) == len(leaves)
+        self._returned = record.get("returned_inputs", [])  # [output, input]: an input returned as it is
         self._first: Any = _torch_private.load_container(path)  # loaded now, so that a library that cannot load fails here
         unbound = sorted(set(_torch_private.container_constant_names(self._first)) - set(self._constants))
         if unbound:  # AOTInductor's own refusal would not name them
@@ -94,7 +95,14 @@ class ContainerGraph:
         except RuntimeError as error:
             raise PrecompiledIntegrityError(f"{self.path}: binding its weights failed: {error}") from None
         run: Callable[[list[Any]], Any] = container.run
-        positions = self._tensors
-        if self._every_input_a_tensor:
-            return run
-        return lambda inputs: run([inputs[index] for index in positions])
+        positions, returned = self._tensors, self._returned
+        if not returned:
+            return run if self._every_input_a_tensor else lambda inputs: run([inputs[index] for index in positions])
+
+        def run_handing_back(inputs: list[Any]) -> Any:  # the container returned copies of these inputs
+            outputs = run([inputs[index] for index in positions])
+            for output, given in returned:
+                outputs[output] = inputs[given]
+            return outputs
+
+        return run_handing_back

@@ -140,6 +140,7 @@ class CppRecord(TypedDict):
     file: NotRequired[str]  # `<model>/cpu_avx2_cpp.so`
     constants: NotRequired[dict[str, str]]  # the library's name for each constant -> its weight's state-dict name
     ops: NotRequired[FileRecord]  # `cpu_avx2_cpp.json`, the ops it calls through AOTInductor's proxy executor, where any
+    returned_inputs: NotRequired[list[list[int]]]  # [output, input]: outputs that are an input as it is (the caller's is handed back)
     refused: NotRequired[str]  # instead of the keys above
     size: NotRequired[int]  # added at assembly, with sha256
     sha256: NotRequired[str]

@@ -59,7 +59,7 @@ class _LibraryCheck(TypedDict):
 
 def refusal(model: ModelConfig, op_libraries: dict[str, str], aliased: str) -> str:
     """Why this model has no C++ form, or ""; `aliased` is why an output is not a
-    tensor of its own (`torch_internals.aliased_output`'s words), or ""."""
+    tensor of its own or an input as it is (`torch_internals.aliased_output`'s words), or ""."""
     if model.quantize == "int8":
         return "an int8 graph is compiled with its weights frozen in as oneDNN's packed constants, which the container cannot bind"
     if op_libraries:
@@ -73,7 +73,7 @@ def produce(exported: Any, config: dict[str, Any], entry: ArtifactEntry, out_dir
     """Compile the variant's library into `out_dir`, or say why not. What it needs
     of the system counts in the variant's once it passed its check."""
     from .capture import _torch_error
-    from .torch_internals import compile_container, container_constants
+    from .torch_internals import compile_container, container_constants, returned_inputs
 
     try:
         library, ops = compile_container(exported, config)
@@ -91,6 +91,9 @@ def produce(exported: Any, config: dict[str, Any], entry: ArtifactEntry, out_dir
         ops_path.unlink(missing_ok=True)
         return {"refused": f"the library holds constants that are not the graph's weights: {', '.join(unknown)}"}
     record: CppRecord = {"file": path.name, "constants": constants}
+    returned = returned_inputs(exported)
+    if returned:
+        record["returned_inputs"] = [[output, given] for output, given in sorted(returned.items())]
     if ops is not None:
         record["ops"] = {"file": ops_path.name, "size": len(ops), "sha256": hashlib.sha256(ops).hexdigest()}
     return record

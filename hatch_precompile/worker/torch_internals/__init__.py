@@ -18,7 +18,7 @@ torch, so that a torch upgrade touches this package alone:
 The rest of the worker imports the names below from here.
 """
 
-from .aoti import aliased_output, compile_container, container_constants
+from .aoti import aliased_output, compile_container, container_constants, returned_inputs
 from .export import LAZY_DECOMPOSITION_MODULES, DimFix, constraint_fixes, decompose, python_op_libraries, tree_leaves, tree_map, treespec_to_json
 from .frozen import FrozenGraph, compile_frozen, is_onednn_packed, pre_grad_pass_kept
 from .inductor import compile_exported, extern_kernel_is_torch_function, output_module, save_artifact, start_model, torch_key, wrapper_work
@@ -50,6 +50,7 @@ __all__ = [
     "probe_vector_isas_in",
     "pybinding_kernel_key",
     "python_op_libraries",
+    "returned_inputs",
     "save_artifact",
     "start_model",
     "torch_key",

@@ -125,20 +125,33 @@ def container_constants(library: Path, exported: torch.export.ExportedProgram) -
 _RETRACED_CONSTANT = re.compile(r"_tensor_constant(\d+)")
 
 
+def returned_inputs(exported: torch.export.ExportedProgram) -> dict[int, int]:
+    """The user outputs that are a user input itself (a library module returning
+    its features dict with more in it), by output index -> input index (the
+    loader's flat inputs). The container returns a copy of such an output, so the
+    loader hands back the caller's own tensor, as eager does."""
+    user_inputs = [spec.arg.name for spec in exported.graph_signature.input_specs if spec.kind.name == "USER_INPUT"]
+    user_outputs = [spec.kind.name == "USER_OUTPUT" for spec in exported.graph_signature.output_specs]
+    outputs = [n for n, user in zip(list(exported.graph_module.graph.nodes)[-1].args[0], user_outputs) if user]
+    return {index: user_inputs.index(node.name) for index, node in enumerate(outputs) if isinstance(node, torch.fx.Node) and node.op == "placeholder" and node.name in user_inputs}
+
+
 def aliased_output(exported: torch.export.ExportedProgram) -> str:
     """Why the container cannot return this graph's outputs as the module does, or
-    "": an output that is an input, a weight or a buffer, or a view of one (the
-    container returns a tensor of its own, so the caller would lose the
-    aliasing), or one that is not a tensor."""
+    "": an output that is a weight or a buffer, or a view of one or of an input
+    (the container returns a tensor of its own, so the caller would lose the
+    aliasing), or one that is not a tensor. An input returned as it is can be
+    handed back (`returned_inputs`)."""
     from torch.multiprocessing.reductions import StorageWeakRef
 
     nodes = list(exported.graph_module.graph.nodes)
     inputs = {StorageWeakRef(n.meta["val"].untyped_storage()) for n in nodes if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)}
     user_outputs = [spec.kind.name == "USER_OUTPUT" for spec in exported.graph_signature.output_specs]
+    returned = returned_inputs(exported)
     for index, node in enumerate(n for n, user in zip(nodes[-1].args[0], user_outputs) if user):
         value = node.meta.get("val") if isinstance(node, torch.fx.Node) else node
         if not isinstance(value, torch.Tensor):
             return f"output {index} is not a tensor ({type(value).__name__})"
-        if StorageWeakRef(value.untyped_storage()) in inputs:
-            return f"output {index} is an input, a weight or a buffer, or a view of one, and the container would return a copy"
+        if index not in returned and StorageWeakRef(value.untyped_storage()) in inputs:
+            return f"output {index} is a weight or a buffer, or a view of one or of an input, and the container would return a copy"
     return ""
