@@ -126,9 +126,11 @@ def form_for(artifact: ArtifactEntry, forms: dict[str, list[str]]) -> str | None
 
 
 def next_form(choice: Choice) -> Choice | None:
-    """The form a variant loads in when its chosen form failed to load here."""
+    """The form a variant loads in when its chosen form failed to load here: the
+    first after it (in `FORMS`' order) that the build shipped and that fits."""
     forms = form_problems(choice.artifact["built_with"], torch_and_python())
-    form = form_for(choice.artifact, {**forms, choice.form: ["it failed to load"]})
+    later = list(FORMS)[list(FORMS).index(choice.form) + 1 :]
+    form = next((name for name in later if FORMS[name].shipped(choice.artifact) and not forms[name]), None)
     return None if form is None else Choice(choice.artifact, form)
 
 
