@@ -120,17 +120,18 @@ def form_problems(built: BuiltWith, here: TorchAndPython) -> dict[str, list[str]
     return {name: ([f"{FORM_VARIABLE}={requested}"] if requested not in ("auto", name) else []) + form.problems(built, here) for name, form in FORMS.items()}
 
 
-def form_for(artifact: ArtifactEntry, forms: dict[str, list[str]]) -> str | None:
-    """The first form the build shipped for this variant that fits here, if any."""
-    return next((name for name, form in FORMS.items() if form.shipped(artifact) and not forms[name]), None)
+def form_for(artifact: ArtifactEntry, forms: dict[str, list[str]], after: str | None = None) -> str | None:
+    """The first form the build shipped for this variant that fits here (after
+    the form `after`, in `FORMS`' order, where given), if any."""
+    names = list(FORMS)
+    candidates = names[names.index(after) + 1 :] if after is not None else names
+    return next((name for name in candidates if FORMS[name].shipped(artifact) and not forms[name]), None)
 
 
 def next_form(choice: Choice) -> Choice | None:
     """The form a variant loads in when its chosen form failed to load here: the
     first after it (in `FORMS`' order) that the build shipped and that fits."""
-    forms = form_problems(choice.artifact["built_with"], torch_and_python())
-    later = list(FORMS)[list(FORMS).index(choice.form) + 1 :]
-    form = next((name for name in later if FORMS[name].shipped(choice.artifact) and not forms[name]), None)
+    form = form_for(choice.artifact, form_problems(choice.artifact["built_with"], torch_and_python()), after=choice.form)
     return None if form is None else Choice(choice.artifact, form)
 
 

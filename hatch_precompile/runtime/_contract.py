@@ -31,16 +31,23 @@ class CallContract:
         arg_spec, kwarg_spec = inputs["tree"]["children"]
         self._arity, self._keys = len(arg_spec["children"]), kwarg_spec.get("keys", [])
         self._keyword_constants = {leaf["name"]: leaf["value"] for leaf in inputs["leaves"] if "value" in leaf and leaf["name"] in self._keys}
-        self._flat = all(child["type"] == "leaf" for child in [*arg_spec["children"], *kwarg_spec["children"]])
         self._bounds = {dim: (record["min"], record["max"]) for dim, record in dims.items()}
         self._tensor_type = torch.Tensor
         self._tensors = [
-            (index, getattr(torch, leaf["dtype"]), tuple(leaf["shape"]), leaf.get("below"), torch.channels_last if leaf.get("layout") == "channels_last" else torch.contiguous_format)
+            (
+                index,
+                getattr(torch, leaf["dtype"]),
+                tuple(leaf["shape"]),
+                leaf.get("below"),
+                torch.channels_last if leaf.get("layout") == "channels_last" else torch.contiguous_format,
+                f"model {name!r}, input {leaf['name']}",  # what an index error names
+            )
             for index, leaf in enumerate(inputs["leaves"])
             if "dtype" in leaf and leaf["device"] == "cpu"
         ]
         self._constants = [(index, leaf["value"]) for index, leaf in enumerate(inputs["leaves"]) if "value" in leaf]
-        self._fast = self._flat and len(self._tensors) + len(self._constants) == len(inputs["leaves"])
+        flat = all(child["type"] == "leaf" for child in [*arg_spec["children"], *kwarg_spec["children"]])
+        self._fast = flat and len(self._tensors) + len(self._constants) == len(inputs["leaves"])
 
     def accept(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], list[Any], dict[str, int]]:
         """A call's flat inputs as given, the same in the layouts compiled for
@@ -63,7 +70,7 @@ class CallContract:
     def _sizes(self, given: list[Any]) -> dict[str, int] | None:
         """The dims' sizes where every input meets its spec as compiled, else None."""
         sizes: dict[str, int] = {}
-        for index, dtype, shape, below, layout in self._tensors:
+        for index, dtype, shape, below, layout, where in self._tensors:
             value = given[index]
             if not isinstance(value, self._tensor_type) or value.dtype is not dtype or not value.is_cpu:
                 return None
@@ -83,7 +90,7 @@ class CallContract:
                         return None
                     sizes[want] = size
             if below is not None and value.numel():
-                _check_index_values(f"model {self.name!r}, input {self._inputs['leaves'][index]['name']}", value, below)
+                _check_index_values(where, value, below)
         for index, constant in self._constants:
             if type(given[index]) is not type(constant) or given[index] != constant:
                 return None

@@ -99,7 +99,7 @@ class ContainerGraph:
         if not returned:
             return run if self._every_input_a_tensor else lambda inputs: run([inputs[index] for index in positions])
 
-        def run_handing_back(inputs: list[Any]) -> Any:  # the container returned copies of these inputs
+        def run_handing_back(inputs: list[Any]) -> Any:  # the container returns new tensors over these inputs' storage
             outputs = run([inputs[index] for index in positions])
             for output, given in returned:
                 outputs[output] = inputs[given]

@@ -128,12 +128,17 @@ _RETRACED_CONSTANT = re.compile(r"_tensor_constant(\d+)")
 def returned_inputs(exported: torch.export.ExportedProgram) -> dict[int, int]:
     """The user outputs that are a user input itself (a library module returning
     its features dict with more in it), by output index -> input index (the
-    loader's flat inputs). The container returns a copy of such an output, so the
-    loader hands back the caller's own tensor, as eager does."""
+    loader's flat inputs). The container returns a new tensor over such an
+    input's storage, not the input, so the loader hands back the caller's own
+    tensor, as eager does."""
     user_inputs = [spec.arg.name for spec in exported.graph_signature.input_specs if spec.kind.name == "USER_INPUT"]
-    user_outputs = [spec.kind.name == "USER_OUTPUT" for spec in exported.graph_signature.output_specs]
-    outputs = [n for n, user in zip(list(exported.graph_module.graph.nodes)[-1].args[0], user_outputs) if user]
-    return {index: user_inputs.index(node.name) for index, node in enumerate(outputs) if isinstance(node, torch.fx.Node) and node.op == "placeholder" and node.name in user_inputs}
+    return {index: user_inputs.index(node.name) for index, node in enumerate(_user_outputs(exported)) if isinstance(node, torch.fx.Node) and node.op == "placeholder" and node.name in user_inputs}
+
+
+def _user_outputs(exported: torch.export.ExportedProgram) -> list[Any]:
+    """The output node's arguments that are the user's outputs (not the state's new values)."""
+    user = [spec.kind.name == "USER_OUTPUT" for spec in exported.graph_signature.output_specs]
+    return [node for node, is_user in zip(list(exported.graph_module.graph.nodes)[-1].args[0], user) if is_user]
 
 
 def aliased_output(exported: torch.export.ExportedProgram) -> str:
@@ -144,11 +149,9 @@ def aliased_output(exported: torch.export.ExportedProgram) -> str:
     handed back (`returned_inputs`)."""
     from torch.multiprocessing.reductions import StorageWeakRef
 
-    nodes = list(exported.graph_module.graph.nodes)
-    inputs = {StorageWeakRef(n.meta["val"].untyped_storage()) for n in nodes if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)}
-    user_outputs = [spec.kind.name == "USER_OUTPUT" for spec in exported.graph_signature.output_specs]
+    inputs = {StorageWeakRef(n.meta["val"].untyped_storage()) for n in exported.graph_module.graph.nodes if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)}
     returned = returned_inputs(exported)
-    for index, node in enumerate(n for n, user in zip(nodes[-1].args[0], user_outputs) if user):
+    for index, node in enumerate(_user_outputs(exported)):
         value = node.meta.get("val") if isinstance(node, torch.fx.Node) else node
         if not isinstance(value, torch.Tensor):
             return f"output {index} is not a tensor ({type(value).__name__})"
