@@ -138,8 +138,8 @@ def compare(env: Venv, tmp_path: Path, architectures: list[Architecture], **vari
 
 
 def form(loaded: str) -> str:
-    """'lean' or 'artifact', from the loaded model's repr."""
-    return "lean" if loaded.endswith(".py>") else "artifact"
+    """'lean', 'cpp' or 'artifact', from the loaded model's repr (its file's name)."""
+    return "lean" if loaded.endswith(".py>") else "cpp" if loaded.endswith(".so>") else "artifact"
 
 
 def test_every_architecture_and_option_matches_eager_in_the_form_it_loads_in(battery: Battery, tmp_path: Path) -> None:
@@ -159,9 +159,10 @@ def test_every_architecture_and_option_matches_eager_in_the_form_it_loads_in(bat
 
 
 def test_a_model_whose_cpp_form_is_refused_ships_lean_and_the_build_says_why_once(battery: Battery) -> None:
-    """A graph calling a Python custom op (mixtral), a library holding a constant
-    that is not a weight (the autotuner's): each variant's manifest entry says why,
-    the build log says it once per model, and the model loads lean (the test above)."""
+    """A graph calling a Python custom op (mixtral): each variant's manifest entry
+    says why, the build log says it once per model, and the model loads lean (the
+    test above). A library holding a constant that is not a weight is refused in
+    test_model_forms.py, where the autotuner's choice is fixed."""
     declared = [a for a in BUILT if a.cpp_refused]
     assert declared
     for a in declared:

@@ -405,3 +405,19 @@ def test_a_graph_returning_a_view_of_an_intermediate_ships_the_artifact_form_and
     assert (f"the lean form: the build refused it for views_an_intermediate/cpu_avx2.bin: {refused}; the artifact form: HATCH_PRECOMPILE_FORM=lean") in lean_only.stderr
     python = f"cp{sys.version_info.major}{sys.version_info.minor}"
     assert f"-{python}-{python}-" in forms_wheel.name  # an artifact runs on this Python alone: no abi3 tag
+
+
+def test_a_library_holding_a_constant_that_is_not_a_weight_is_refused_and_removed(tmp_path: Path) -> None:
+    """The autotuner's C++ GEMM template packs a Linear's weight into a constant of
+    its own, which the wheel's weights file cannot bind: the variant gets no C++
+    form, its manifest entry says why, and no file of it is left. (`max_autotune`
+    alone picks that template or ATen's by timing, so the battery cannot rely on it.)"""
+    import torch
+
+    from hatch_precompile.worker.cpp_form import produce
+
+    exported = torch.export.export(torch.nn.Linear(64, 32).eval(), (torch.randn(4, 64),))
+    config = {"max_autotune": True, "max_autotune_gemm_backends": "CPP"}
+    record = produce(exported, config, {"file": "cpu_avx2.bin"}, tmp_path, list(exported.state_dict))  # type: ignore[typeddict-item]
+    assert record.keys() == {"refused"} and record["refused"].startswith("the library holds constants that are not the graph's weights: constant"), record
+    assert list(tmp_path.iterdir()) == []

@@ -272,8 +272,6 @@ OPTIONS = [
         {"batch": (1, 8)},
         options={name: value},
         factory_name="conv_maxpool",
-        # The autotuner's choice adds a folded constant of its own, which is not one of the graph's weights.
-        cpp_refused="the library holds constants that are not the graph's weights: constant" if name == "max_autotune" else "",
     )
     for name, value in (
         ("max_autotune", True),
