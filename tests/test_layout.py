@@ -130,3 +130,34 @@ def test_each_loader_form_is_one_module_and_no_other_module_names_a_form() -> No
             if found:
                 named[path.name] = sorted(found)
     assert named == {}
+
+
+def test_each_build_form_is_one_module_and_only_the_registry_names_one() -> None:
+    """A form at build time (`worker/compile.py`'s FORMS) is one module with the
+    interface `worker/form.py`'s BuildForm states (mypy checks its types), named
+    as the loader's form of it; no other worker module imports a form's modules
+    or names a form, but the registry (the module that compiles the artifact
+    every form is made from). The build log reads what a variant ships through
+    the loader's forms. So a new form is a module here, one line in FORMS, and
+    the loader's module and line."""
+    from hatch_precompile.runtime import _choice
+    from hatch_precompile.worker import compile, form
+
+    interface = {name for name in dir(form.BuildForm) if not name.startswith("_")} | set(form.BuildForm.__annotations__)
+    own = {"lean": {"lean", "lean_check"}, "cpp": {"cpp_form"}}  # each form's modules: its own and its check's interpreter
+    for build_form in compile.FORMS:
+        assert interface <= set(vars(build_form)), f"{build_form.__name__} lacks {sorted(interface - set(vars(build_form)))}"
+        assert (build_form.NAME, build_form.TITLE) == (_choice.FORMS[build_form.NAME].NAME, _choice.FORMS[build_form.NAME].TITLE)
+        assert Path(build_form.__file__).stem in own[build_form.NAME]
+    assert {f.NAME for f in compile.FORMS} == set(own)
+    named = {}
+    for path in sorted((PACKAGE / "worker").rglob("*.py")):
+        mine = {name for name, modules in own.items() if path.stem in modules}
+        if path.name == "compile.py":
+            continue
+        others = set(own) - mine
+        imported = {name.rpartition(".")[2] for name in _imported_modules(path) if name.startswith("hatch_precompile.worker.")}
+        found = (_string_literals(path) & others) | {module for name in others for module in own[name] if module in imported}
+        if found:
+            named[path.name] = sorted(found)
+    assert named == {}

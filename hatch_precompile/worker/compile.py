@@ -2,14 +2,16 @@
 
 Runs in the compile worker. For each shape variant and CPU target, takes the
 artifact from a part or the build cache when one holds it under its key
-(`key.py`), else compiles it; writes into `out_dir` the artifact, its lean module
-(`lean.py`), its C++ form where the model asks for one (`cpp_form.py`) and the
+(`key.py`), else compiles it; writes into `out_dir` the artifact and the
 compiled kernels it loads (`kernels/k_<key>.so`, shared between artifacts when
-identical), runs it on the example inputs against eager, and describes it for
-the manifest. The lean and C++ forms are checked later, in fresh processes
-(`main.py`), on what this saved of each variant's calls. The weights are `weights.py`'s. An int8 model's
-variants (`quantize.py`) are compiled frozen and have no artifact: each ships
-its lean module, and its constants in place of the artifact (`frozen_tensors.py`).
+identical), then each of its other forms the model wants (`FORMS`: the C++ form,
+`cpp_form.py`, and the lean form, `lean.py`, each produced through `form.py`'s
+interface); runs it on the example inputs against eager, and describes it for
+the manifest. The forms are checked later, in fresh processes (`main.py`), on
+the calls this saved of each variant (`CheckedSequence`). The weights are
+`weights.py`'s. An int8 model's variants (`quantize.py`) are compiled frozen and
+have no artifact: each ships its lean module, and its constants in place of the
+artifact.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 
@@ -32,21 +34,22 @@ from ..engine.sources import ArtifactSources, PartMismatch
 from ..engine.targets import CPU_TARGETS, CpuTarget, features_from_flags, host_target, is_x86_64
 from ..runtime import _torch_private
 from ..runtime._frozen_tensors import rebuild_constants
-from ..runtime._layout import KERNELS_DIR, artifact_file, constants_file, kernel_file, lean_module_file
+from ..runtime._layout import KERNELS_DIR, artifact_file, constants_file, kernel_file
 from ..runtime._lean import make_runner
 from ..runtime._manifest import cpu_features
-from ..runtime._schema import ArtifactEntry, BatchAccuracy, CppRecord, ModelEntry, OutputLeaf, QuantizationRecord, WeightsEntry, has_cpp_form, has_lean_form, is_lean_only
-from . import cpp_form, torch_internals
+from ..runtime._schema import ArtifactEntry, BatchAccuracy, ModelEntry, OutputLeaf, QuantizationRecord, WeightsEntry, is_lean_only
+from . import cpp_form, lean, torch_internals
 from .accuracy import EXAMPLE_INPUTS_BESIDE_CALIBRATION, SANITY_BOUNDS, check_accuracy, check_steps
 from .capture import Captured, _torch_error
-from .cpp_form import CppCandidate
-from .frozen_tensors import ConstantsRefused, save_constants
+from .form import BuildForm, Pending, Variant
 from .key import artifact_key, build_environment
-from .lean import LeanCandidate, LeanRefused, lean_record, rewrite
 from .quantize import Quantized, check_int8_kernels, failing_layer, int8_inductor_config
 from .weights import lifted_weights
 
-CHECK_DIR = "lean-check"  # scratch: inputs and expected outputs for the fresh-process check
+# The forms the build makes of each compiled variant besides its artifact, each
+# produced and then checked through `form.BuildForm`; a new form is one line here.
+FORMS: tuple[BuildForm, ...] = (cpp_form, lean)
+CHECK_DIR = "form-checks"  # scratch: the calls each variant's forms are checked on
 Runner = Callable[[list[Any]], Any]  # a compiled graph: its flat inputs -> its flat outputs
 
 
@@ -84,16 +87,14 @@ def cpu_targets(model: ModelConfig) -> list[CpuTarget]:
 
 @dataclass
 class ProducedArtifact:
-    """An artifact in its model's folder, where it came from, and its lean module
-    waiting for the fresh-process check (None where refused, or not run here)."""
+    """An artifact in its model's folder, where it came from, and its forms
+    waiting for their checks."""
 
     entry: ArtifactEntry
     key: str
     origin: str  # "compiled", "cached", or "part <folder>"
-    candidate: LeanCandidate | None
-    checked_here: bool  # False: from a part for a CPU this machine lacks
-    cpp_candidate: CppCandidate | None = None  # its C++ form, compiled here, waiting for its check
-    cpp_seconds: float | None = None  # what compiling the C++ form took, where it was compiled here
+    pending: Pending | None  # None: from a part for a CPU this machine lacks, not run here
+    form_seconds: dict[str, float]  # what producing each timed form took (by TITLE), where compiled here
 
 
 def produce_artifact(
@@ -103,14 +104,16 @@ def produce_artifact(
     target: CpuTarget,
     out_dir: Path,
     sources: ArtifactSources,
+    op_libraries: dict[str, str],
     quantized: Quantized | None = None,
 ) -> ProducedArtifact:
     """One shape variant for one CPU target, from a part or the build cache when
-    one holds it under its key, else compiled; either way run on the example
-    inputs and checked against eager (where this machine's CPU can run it).
-    `quantized` is an int8 model's converted module (`quantize.quantize`), which
-    is compiled instead of the export, frozen, into a variant with no artifact,
-    and checked on the calibration batches it holds for that too."""
+    one holds it under its key, else compiled with its forms; either way run on
+    the example inputs and checked against eager (where this machine's CPU can
+    run it). `quantized` is an int8 model's converted module
+    (`quantize.quantize`), which is compiled instead of the export, frozen, into
+    a variant with no artifact, and checked on the calibration batches it holds
+    for that too."""
     name = model.name
     int8 = quantized.module if quantized is not None else None
     key = artifact_key(model, captured, fixed, target, int8)
@@ -123,26 +126,22 @@ def produce_artifact(
         raise ModelBuildError(name, f"taking {file} from a part", str(mismatch)) from None
     initial = _initial_weights(captured, int8)
     state_inputs = _state_inputs(captured)
-    cpp_seconds = None
+    form_seconds: dict[str, float] = {}
     weights = [w.clone() if index in state_inputs else w for index, w in enumerate(initial)]  # each call updates the state
     calls = [torch_internals.tree_leaves(call) for call in captured.calls]
     flat = [*weights, *calls[0]]
-    if entry is None and int8 is not None:
-        entry, outputs, run = _compile_frozen(model, captured, fixed, target, out_dir, file, flat, copy.deepcopy(int8))
-        origin = "compiled"
-        if model.cpp_form:
-            entry["cpp"] = {"refused": cpp_form.refusal(model, {}, "")}
-    elif entry is None:
+    if entry is None:
         config = _target_config(model, target)
-        entry, outputs, run, output_module = _compile_artifact(model, captured, fixed, target, config, out_dir, file, flat)
+        if int8 is not None:
+            entry, outputs, run, frozen = _compile_frozen(model, config, fixed, target, out_dir, file, flat, copy.deepcopy(int8))
+            variant = Variant(model, captured, config.options, entry, out_dir, None, frozen)
+        else:
+            entry, outputs, run, output_module = _compile_artifact(model, captured, fixed, target, config, out_dir, file, flat)
+            variant = Variant(model, captured, config.options, entry, out_dir, output_module, None)
         origin = "compiled"
-        entry["lean"] = lean_record(model.name, captured.exported, output_module, entry, out_dir)
-        if model.cpp_form:
-            cpp_started = time.perf_counter()
-            entry["cpp"] = _cpp_record(model, captured, config.options, entry, out_dir)
-            cpp_seconds = time.perf_counter() - cpp_started
+        form_seconds = _produce_forms(variant)
     elif not set(entry["cpu_features"]) <= cpu_features():
-        return ProducedArtifact(entry, key, origin, None, checked_here=False)
+        return ProducedArtifact(entry, key, origin, None, {})
     else:
         run = _saved_runner(out_dir, entry)
         with torch.no_grad():
@@ -162,22 +161,31 @@ def produce_artifact(
     if against_float32 is not None:
         entry["accuracy"]["calls"] = against_float32["calls"]
         entry["accuracy"]["token_agreement"] = against_float32["token_agreement"]
-    sequence = _CheckedSequence(initial, calls, [outputs, *steps], sorted(state_inputs), state)
-    cpp = origin == "compiled" and has_cpp_form(entry)
-    data_path = _save_sequence(entry, sequence, out_dir) if cpp or has_lean_form(entry) else None
-    lean = LeanCandidate(entry, out_dir / entry["lean"]["file"], data_path) if data_path and has_lean_form(entry) else None
-    cpp_candidate = None
-    if cpp and data_path:
-        eager_outputs = captured.eager_run[0]
-        call_names = [captured.call_name(index) for index in range(len(calls))]
-        cpp_candidate = CppCandidate(entry, out_dir / entry["cpp"]["file"], data_path, list(lifted_weights(captured)), captured.input_leaves, eager_outputs, call_names, captured.reference_outputs)
-    return ProducedArtifact(entry, key, origin, lean, checked_here=True, cpp_candidate=cpp_candidate, cpp_seconds=cpp_seconds)
+    data_path = _save_sequence(entry, CheckedSequence(initial, calls, [outputs, *steps], sorted(state_inputs), state), out_dir)
+    call_names = [captured.call_name(index) for index in range(len(calls))]
+    order = list(lifted_weights(captured))
+    pending = Pending(model, op_libraries, entry, out_dir, origin == "compiled", data_path, order, captured.input_leaves, captured.eager_run[0], call_names, captured.reference_outputs)
+    return ProducedArtifact(entry, key, origin, pending, form_seconds)
+
+
+def _produce_forms(variant: Variant) -> dict[str, float]:
+    """Each form the model wants, produced from the just compiled variant into its
+    entry; returns what the timed ones took."""
+    seconds = {}
+    for form in FORMS:
+        if form.wanted(variant.model):
+            started = time.perf_counter()
+            cast(dict[str, Any], variant.entry)[form.NAME] = form.produce(variant)  # the entry's key for the form
+            if form.TIMED:
+                seconds[form.TITLE] = time.perf_counter() - started
+    return seconds
 
 
 @dataclass
-class _CheckedSequence:
-    """What a lean module is checked against, in a fresh process: the artifact's
-    outputs for each call from the initial weights and state, and the state after."""
+class CheckedSequence:
+    """What a variant's forms are checked with, in a fresh process: the calls, the
+    artifact's outputs for each from the initial weights and state, and the
+    state after."""
 
     initial: list[torch.Tensor]  # the graph's weights, the state as it is before any call
     calls: list[list[Any]]  # each call's flat user inputs
@@ -238,18 +246,17 @@ def _compile_artifact(
 
 def _compile_frozen(
     model: ModelConfig,
-    captured: Captured,
+    config: _TargetConfig,
     fixed: dict[str, int],
     target: CpuTarget,
     out_dir: Path,
     file: str,
     flat: list[Any],
     quantized: torch.fx.GraphModule,
-) -> tuple[ArtifactEntry, list[Any], Runner]:
-    """Compile an int8 model's converted module with its weights frozen in; write
-    its constants (as `file`), lean module and kernels into `out_dir`. It has no
-    artifact and no other form, so a lean module that cannot be written stops the build."""
-    config = _target_config(model, target)
+) -> tuple[ArtifactEntry, list[Any], Runner, torch_internals.FrozenGraph]:
+    """Compile an int8 model's converted module with its weights frozen in, and
+    write its kernels into `out_dir`. It has no artifact: its lean form (which
+    writes its constants as `file`) is its only form."""
     with torch_internals.captured_kernels() as built:
         try:
             frozen = torch_internals.compile_frozen(quantized, {**config.options, **int8_inductor_config()})
@@ -261,25 +268,7 @@ def _compile_frozen(
         kernel_files = {key: path() for key, path in built.items()}
     check_int8_kernels(model, frozen.source)
     entry = _variant_entry(model, file, fixed, target, config, kernel_files, out_dir)
-    step = "writing the int8 graph's lean form, its only form"
-    module_name = lean_module_file(artifact_file(target.name, fixed))
-    refused = torch_internals.wrapper_work(captured.exported)
-    if frozen.mutated_inputs:
-        refused = f"the compiled graph mutates inputs {frozen.mutated_inputs}"
-    try:
-        entry["constants"] = save_constants(frozen, out_dir / file)
-        lean = rewrite(frozen.source, set(entry["kernels"]), f"{model.name}/{module_name}")
-    except (ConstantsRefused, LeanRefused) as reason:
-        refused = str(reason)
-    else:
-        if not refused and set(lean.constants) != set(entry["constants"]):
-            refused = f"it declares the constants {sorted(lean.constants)}, the compiled graph holds {sorted(entry['constants'])}"
-    if refused:
-        raise ModelBuildError(model.name, step, refused)
-    module_path = out_dir / module_name
-    module_path.write_text(lean.text, encoding="utf-8")
-    entry["lean"] = {"file": module_path.name, "extern_kernels": lean.extern_kernels, "inputs_to_check": frozen.inputs_to_check}
-    return entry, list(outputs), lambda inputs: frozen.run(*inputs)
+    return entry, list(outputs), lambda inputs: frozen.run(*inputs), frozen
 
 
 def _compiling(target: CpuTarget) -> str:
@@ -366,22 +355,13 @@ def _saved_runner(out_dir: Path, entry: ArtifactEntry) -> Runner:
     return lambda inputs: artifact(*inputs)
 
 
-def _save_sequence(entry: ArtifactEntry, sequence: _CheckedSequence, out_dir: Path) -> Path:
+def _save_sequence(entry: ArtifactEntry, sequence: CheckedSequence, out_dir: Path) -> Path:
     """What the fresh-process checks of the lean and C++ forms run and compare
     with (the artifact's outputs and state, which passed the accuracy check)."""
     data_path = out_dir / CHECK_DIR / f"{Path(entry['file']).stem}.pt"
     data_path.parent.mkdir(exist_ok=True)
     torch.save(dataclasses.asdict(sequence), data_path)
     return data_path
-
-
-def _cpp_record(model: ModelConfig, captured: Captured, options: dict[str, Any], entry: ArtifactEntry, out_dir: Path) -> CppRecord:
-    """The variant's C++ form, compiled from the same capture with the artifact's
-    inductor options, or why it has none."""
-    reason = cpp_form.refusal(model, torch_internals.python_op_libraries(captured.exported), torch_internals.aliased_output(captured.exported))
-    if reason:
-        return {"refused": reason}
-    return cpp_form.produce(captured.exported, options, entry, out_dir, list(lifted_weights(captured)))
 
 
 def _output_leaves(exported: torch.export.ExportedProgram, captured: Captured) -> list[OutputLeaf]:

@@ -20,7 +20,6 @@ import hashlib
 import json
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -28,24 +27,10 @@ from ..engine.errors import ModelBuildError
 from ..engine.model_config import ModelConfig
 from ..engine.native import UnprovidedLibraryError, read_needs, system_needs, torch_libraries
 from ..runtime._layout import KERNELS_DIR, cpp_library_file, cpp_ops_file, kernel_file
-from ..runtime._schema import ArtifactEntry, CppRecord, InputLeaf
-from .lean_check import COMPILER_MODULES
+from ..runtime._schema import CppRecord, InputLeaf, has_cpp_form
+from .form import COMPILER_MODULES, Pending, Step, Variant
 
 CHECK_MODULE = "hatch_precompile.worker.cpp_form"
-
-
-@dataclass
-class CppCandidate:
-    """A library waiting for its check, and what eager gave on the same calls."""
-
-    artifact: ArtifactEntry  # its manifest entry: `cpp` is replaced by a refusal if the check fails
-    library: Path
-    data_path: Path  # torch.save of compile._CheckedSequence: the initial weights and state, the calls
-    order: list[str]  # the weights' names, in the graph's order
-    leaves: list[InputLeaf]
-    eager: list[list[Any]]  # eager's flat outputs for each call
-    call_names: list[str]  # each call, in the build's messages (`Captured.call_name`)
-    reference: list[Any] | None  # a lower-precision model's float32 outputs on the first call
 
 
 class _LibraryCheck(TypedDict):
@@ -57,35 +42,36 @@ class _LibraryCheck(TypedDict):
     outputs: str  # where the interpreter saves the outputs of each call
 
 
-def refusal(model: ModelConfig, op_libraries: dict[str, str], aliased: str) -> str:
-    """Why this model has no C++ form, or ""; `aliased` is why an output is not a
-    tensor of its own or an input as it is (`torch_internals.aliased_output`'s words), or ""."""
-    if model.quantize == "int8":
-        return "an int8 graph is compiled with its weights frozen in as oneDNN's packed constants, which the container cannot bind"
-    if op_libraries:
-        return f"its graph calls Python custom ops ({', '.join(sorted(op_libraries))}), which a C++ container cannot call"
-    if aliased:
-        return aliased
-    return ""
+NAME, TITLE = "cpp", "C++ form"
+TIMED = True  # AOTInductor compiles the graph's wrapper and kernels again: seconds
 
 
-def produce(exported: Any, config: dict[str, Any], entry: ArtifactEntry, out_dir: Path, order: list[str]) -> CppRecord:
-    """Compile the variant's library into `out_dir`, or say why not. What it needs
-    of the system counts in the variant's once it passed its check."""
+def wanted(model: ModelConfig) -> bool:
+    return model.cpp_form
+
+
+def produce(variant: Variant) -> CppRecord:
+    """Compile the variant's library into its folder, or say why not. What it
+    needs of the system counts in the variant's once it passed its check."""
     from .capture import _torch_error
     from .torch_internals import compile_container, container_constants, returned_inputs
+    from .weights import lifted_weights
 
+    exported, entry = variant.captured.exported, variant.entry
+    reason = _refusal(variant)
+    if reason:
+        return {"refused": reason}
     try:
-        library, ops = compile_container(exported, config)
+        library, ops = compile_container(exported, variant.options)
     except Exception as error:  # the build goes on in the lean form, saying why
         return {"refused": f"AOTInductor could not compile it: {_torch_error(error)}"}
-    path = out_dir / cpp_library_file(entry["file"])
+    path = variant.out_dir / cpp_library_file(entry["file"])
     path.write_bytes(library)
-    ops_path = out_dir / cpp_ops_file(path.name)
+    ops_path = variant.out_dir / cpp_ops_file(path.name)
     if ops is not None:
         ops_path.write_bytes(ops)
     constants = container_constants(path, exported)
-    unknown = sorted(set(constants.values()) - set(order))
+    unknown = sorted(set(constants.values()) - set(lifted_weights(variant.captured)))
     if unknown:
         path.unlink()
         ops_path.unlink(missing_ok=True)
@@ -99,48 +85,78 @@ def produce(exported: Any, config: dict[str, Any], entry: ArtifactEntry, out_dir
     return record
 
 
-def check_in_fresh_process(model: ModelConfig, candidates: list[CppCandidate], scratch: Path) -> None:
-    """Run each library in a new interpreter, as the loader would, and compare its
-    outputs with eager's; a library that fails is removed, and its variant ships
-    without a C++ form, the reason in the manifest."""
+def _refusal(variant: Variant) -> str:
+    """Why this variant can have no C++ form, before compiling one; or ""."""
+    from .torch_internals import aliased_output, python_op_libraries
+
+    if variant.frozen is not None:
+        return "an int8 graph is compiled with its weights frozen in as oneDNN's packed constants, which the container cannot bind"
+    op_libraries = python_op_libraries(variant.captured.exported)
+    if op_libraries:
+        return f"its graph calls Python custom ops ({', '.join(sorted(op_libraries))}), which a C++ container cannot call"
+    return aliased_output(variant.captured.exported)
+
+
+def check(pending: list[Pending], scratch: Path, step: Step) -> None:
+    """Run each library compiled here in a new interpreter (one per model), as the
+    loader would, and compare its outputs with eager's; a library that fails is
+    removed, and its variant ships without a C++ form, the reason in the manifest.
+    (One from the build cache or a part passed this check when compiled.)"""
+    models: dict[str, list[Pending]] = {}
+    for variant in pending:
+        if variant.compiled_here and has_cpp_form(variant.entry):
+            models.setdefault(variant.model.name, []).append(variant)
+    for model, variants in models.items():
+        folder = scratch / f"cpp-{model}"
+        folder.mkdir(parents=True, exist_ok=True)
+        with step(model, f"ran the C++ form of {len(variants)} variant(s) in a fresh process and compared with eager"):
+            _check_in_fresh_process(variants, folder)
+
+
+def _library(variant: Pending) -> Path:
+    return variant.out_dir / variant.entry["cpp"]["file"]
+
+
+def _check_in_fresh_process(pending: list[Pending], scratch: Path) -> None:
     import torch
 
     from .accuracy import check_accuracy
 
     checks: list[_LibraryCheck] = []
-    for index, candidate in enumerate(candidates):
-        library, record, data = str(candidate.library), candidate.artifact["cpp"], str(candidate.data_path)
-        checks.append({"library": library, "record": record, "order": candidate.order, "leaves": candidate.leaves, "data": data, "outputs": str(scratch / f"cpp-{index}.pt")})
+    for index, variant in enumerate(pending):
+        record, data = variant.entry["cpp"], str(variant.data_path)
+        checks.append({"library": str(_library(variant)), "record": record, "order": variant.order, "leaves": variant.leaves, "data": data, "outputs": str(scratch / f"cpp-{index}.pt")})
     request = scratch / "cpp-check.json"
     request.write_text(json.dumps(checks), encoding="utf-8")
     done = subprocess.run([sys.executable, "-m", CHECK_MODULE, str(request)], capture_output=True, text=True)
-    for check, candidate in zip(checks, candidates):
+    for check, variant in zip(checks, pending):
         reason = f"the check process exited with {done.returncode}: {done.stderr.strip()[-1500:]}" if done.returncode else ""
         if not reason:
             ran = torch.load(check["outputs"], weights_only=True)
             reason = ran["failed"]
         if not reason:
             try:
-                for call, (outputs, eager) in enumerate(zip(ran["outputs"], candidate.eager, strict=True), start=1):
-                    check_accuracy(model, outputs, eager, candidate.reference if call == 1 else None, f"{candidate.call_names[call - 1]} (the C++ form)")
+                for call, (outputs, eager) in enumerate(zip(ran["outputs"], variant.eager, strict=True), start=1):
+                    check_accuracy(variant.model, outputs, eager, variant.reference if call == 1 else None, f"{variant.call_names[call - 1]} (the C++ form)")
             except ModelBuildError as error:
                 reason = error.message
         if not reason:
-            reason = _count_native_needs(candidate)
+            reason = _count_native_needs(variant)
         if reason:
-            candidate.library.unlink()
-            (candidate.library.parent / cpp_ops_file(candidate.library.name)).unlink(missing_ok=True)
-            candidate.artifact["cpp"] = {"refused": reason}
+            library = _library(variant)
+            library.unlink()
+            (library.parent / cpp_ops_file(library.name)).unlink(missing_ok=True)
+            variant.entry["cpp"] = {"refused": reason}
 
 
-def _count_native_needs(candidate: CppCandidate) -> str:
+def _count_native_needs(variant: Pending) -> str:
     """Add what the library needs of the system (a C++ runtime with threads: the
     build machine's glibc and libstdc++ symbol versions) to its variant's needs,
     which decide the wheel's tag; or say why it cannot ship."""
-    kernels = candidate.library.parent / KERNELS_DIR
-    needs = [read_needs(kernels / kernel_file(key)) for key in candidate.artifact["kernels"]]
+    kernels = variant.out_dir / KERNELS_DIR
+    needs = [read_needs(kernels / kernel_file(key)) for key in variant.entry["kernels"]]
     try:
-        candidate.artifact["native"] = system_needs([*needs, read_needs(candidate.library)], torch_libraries()).manifest()
+        variant.entry["native"] = system_needs([*needs, read_needs(_library(variant))], torch_libraries()).manifest()
     except UnprovidedLibraryError as error:
         return str(error)
     return ""
@@ -152,7 +168,7 @@ def _run(check: _LibraryCheck) -> dict[str, Any]:
 
     from ..runtime._cpp import ContainerGraph
 
-    data = torch.load(check["data"], weights_only=True)  # compile._CheckedSequence
+    data = torch.load(check["data"], weights_only=True)  # compile.CheckedSequence
     graph = ContainerGraph(Path(check["library"]), check["record"], check["order"], check["leaves"])
     run = graph.bind(data["initial"])  # the state in it is updated in place by each call
     outputs = []

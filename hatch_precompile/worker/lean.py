@@ -3,10 +3,10 @@
 Runs in the compile worker. `rewrite` takes the output module of a compiled CPU
 graph and returns the text the wheel ships, or refuses with the reason. It is
 strict on purpose: a lean module is shipped only where it is exactly what the
-artifact runs, minus the compiler. Then `check_in_fresh_process` runs every
-rewritten module the way the loader will, in a new interpreter, and compares
-its outputs with the artifact's, bit for bit (the artifact's passed the accuracy
-check, `accuracy.py`).
+artifact runs, minus the compiler. Then `check` runs every rewritten module the
+way the loader will, in a new interpreter, and compares its outputs with the
+artifact's, bit for bit (the artifact's passed the accuracy check,
+`accuracy.py`). The build's form interface (`form.py`): `produce`, `check`.
 
 The rewrite, on the module's syntax tree (never on guessed text patterns):
 - drops the leading docstring (compile-time autotuning notes) and the benchmark
@@ -36,11 +36,16 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..runtime._layout import KERNELS_DIR, lean_module_file
-from ..runtime._schema import ArtifactEntry, LeanRecord, is_lean_only
+from ..engine.errors import ModelBuildError
+from ..engine.model_config import ModelConfig
+from ..runtime._layout import KERNELS_DIR, artifact_file, lean_module_file
+from ..runtime._schema import LeanRecord, has_lean_form, is_lean_only
 from ..runtime._torch_private import LEAN_BINDINGS
 from . import torch_internals
+from .form import Pending, Step, Variant
+from .frozen_tensors import ConstantsRefused, save_constants
 from .lean_check import CheckRequest, ModuleCheck, read_results
+from .torch_internals import FrozenGraph
 
 # The compiler imports inductor writes, by module. The loader binds the names in
 # LEAN_BINDINGS; the others must be unused.
@@ -192,17 +197,28 @@ def _apply(source: str, edits: list[tuple[Any, str]]) -> str:
     return data.decode()
 
 
-def lean_record(model: str, exported: Any, output_module: tuple[str, list[int], str], entry: ArtifactEntry, out_dir: Path) -> LeanRecord:
-    """Write a compiled artifact's lean module into `out_dir`, or say why there is
-    none (`output_module`: `torch_internals.output_module`'s source, inputs to
-    check and refusal); the module is then run in a fresh process
-    (`check_in_fresh_process`)."""
-    source, inputs_to_check, refused = output_module
-    refused = refused or torch_internals.wrapper_work(exported)
-    module_path = out_dir / lean_module_file(entry["file"])
+NAME, TITLE = "lean", "lean form"
+TIMED = False  # a rewrite of the artifact's module: milliseconds
+
+
+def wanted(model: ModelConfig) -> bool:
+    return True  # every variant that can have one
+
+
+def produce(variant: Variant) -> LeanRecord:
+    """Write the variant's lean module into its folder, or say why there is none;
+    an int8 variant's (compiled frozen: its only form) with its constants, or
+    the build stops (`ModelBuildError`)."""
+    if variant.frozen is not None:
+        return _produce_frozen(variant, variant.frozen)
+    assert variant.output_module is not None  # an artifact's, where not frozen
+    source, inputs_to_check, refused = variant.output_module
+    entry = variant.entry
+    refused = refused or torch_internals.wrapper_work(variant.captured.exported)
+    module_path = variant.out_dir / lean_module_file(entry["file"])
     if not refused:
         try:
-            lean = rewrite(source, set(entry["kernels"]), f"{model}/{module_path.name}")
+            lean = rewrite(source, set(entry["kernels"]), f"{variant.model.name}/{module_path.name}")
         except LeanRefused as reason:
             refused = str(reason)
     if refused:
@@ -211,48 +227,91 @@ def lean_record(model: str, exported: Any, output_module: tuple[str, list[int], 
     return {"file": module_path.name, "extern_kernels": lean.extern_kernels, "inputs_to_check": inputs_to_check}
 
 
-@dataclass
-class LeanCandidate:
-    """A rewritten module waiting for its check, with what to check it against."""
+def _produce_frozen(variant: Variant, frozen: FrozenGraph) -> LeanRecord:
+    """An int8 variant's lean module, and its constants written as its `file`."""
+    entry = variant.entry
+    module_name = lean_module_file(artifact_file(entry["cpu_target"], entry["specialized"]))
+    refused = torch_internals.wrapper_work(variant.captured.exported)
+    if frozen.mutated_inputs:
+        refused = f"the compiled graph mutates inputs {frozen.mutated_inputs}"
+    try:
+        entry["constants"] = save_constants(frozen, variant.out_dir / entry["file"])
+        lean = rewrite(frozen.source, set(entry["kernels"]), f"{variant.model.name}/{module_name}")
+    except (ConstantsRefused, LeanRefused) as reason:
+        refused = str(reason)
+    else:
+        if not refused and set(lean.constants) != set(entry["constants"]):
+            refused = f"it declares the constants {sorted(lean.constants)}, the compiled graph holds {sorted(entry['constants'])}"
+    if refused:
+        raise ModelBuildError(variant.model.name, "writing the int8 graph's lean form, its only form", refused)
+    (variant.out_dir / module_name).write_text(lean.text, encoding="utf-8")
+    return {"file": module_name, "extern_kernels": lean.extern_kernels, "inputs_to_check": frozen.inputs_to_check}
 
-    artifact: ArtifactEntry  # its manifest entry, completed by `check_in_fresh_process`
-    module_path: Path
-    data_path: Path  # torch.save of compile._CheckedSequence: the calls, the artifact's outputs and state
+
+def check(pending: list[Pending], scratch: Path, step: Step) -> None:
+    """Run each lean module on the calls it was checked on, against its artifact's
+    outputs and state, bit for bit: freshly compiled ones in a new interpreter,
+    as the loader would (one for all the models that import the same custom-op
+    libraries: usually one in all); ones from the build cache or a part in this
+    one (they passed that check when compiled, their key pins their code, and
+    here they meet this build's weights). A module that fails is removed, and its
+    variant ships in the artifact form, the reason in the manifest; an int8
+    variant, whose lean form is its only one, stops the build."""
+    ours = [p for p in pending if has_lean_form(p.entry)]
+    fresh: dict[str, list[Pending]] = {}  # by the op libraries their process imports
+    for variant in ours:
+        if variant.compiled_here:
+            fresh.setdefault(json.dumps(variant.op_libraries, sort_keys=True), []).append(variant)
+    reused = [p for p in ours if not p.compiled_here]
+    first = pending[0].model.name if pending else ""
+    reasons: dict[str, str] = {}
+    for index, (op_libraries, group) in enumerate(fresh.items()):
+        folder = scratch / f"fresh-{index}"
+        folder.mkdir(parents=True, exist_ok=True)
+        with step(first, f"ran the lean form of {len(group)} artifact(s) in a fresh process and compared"):
+            reasons.update(_check_in_fresh_process(group, folder, json.loads(op_libraries)))
+    if reused:
+        from .lean_check import check_all
+
+        with step(first, f"ran the lean form of {len(reused)} cached artifact(s) and compared"):
+            reasons.update(check_all([_check_request(p) for p in reused]))
+    for variant in ours:
+        module_path = _module_path(variant)
+        reason = reasons.get(str(module_path), "the check did not report on it")
+        if reason and is_lean_only(variant.entry):
+            raise ModelBuildError(variant.model.name, f"running the int8 lean form {module_path.name} in a fresh process", reason)
+        if reason:
+            module_path.unlink()
+            variant.entry["lean"] = {"refused": reason}
 
 
-def check_in_fresh_process(candidates: list[LeanCandidate], scratch: Path, op_libraries: dict[str, str]) -> dict[str, str]:
-    """Run every candidate in a new interpreter as the loader would (after
-    importing the modules defining the custom ops the graph calls); returns, per
-    module file, "" if it matched or the reason it did not."""
+def _module_path(variant: Pending) -> Path:
+    return variant.out_dir / variant.entry["lean"]["file"]
+
+
+def _check_in_fresh_process(pending: list[Pending], scratch: Path, op_libraries: dict[str, str]) -> dict[str, str]:
+    """Run every module in a new interpreter as the loader would (after importing
+    the modules defining the custom ops the graph calls); returns, per module
+    file, "" if it matched or the reason it did not."""
     request = scratch / "lean-check.json"
-    modules = [_check_request(c) for c in candidates]
-    checks: CheckRequest = {"modules": modules, "op_libraries": op_libraries}
+    checks: CheckRequest = {"modules": [_check_request(p) for p in pending], "op_libraries": op_libraries}
     request.write_text(json.dumps(checks), encoding="utf-8")
     done = subprocess.run([sys.executable, "-m", CHECK_MODULE, str(request)], capture_output=True, text=True)
     results_path = scratch / "lean-check.result.json"
     if done.returncode != 0 or not results_path.is_file():
         reason = f"the check process exited with {done.returncode}: {done.stderr.strip()[-1500:]}"
-        return {str(c.module_path): reason for c in candidates}
+        return {str(_module_path(p)): reason for p in pending}
     return read_results(results_path)
 
 
-def check_in_this_process(candidates: list[LeanCandidate]) -> dict[str, str]:
-    """The same check, here: for modules from the build cache or a part, which
-    passed the fresh-process check when they were compiled (the key pins their
-    code), and now meet this build's weights and example inputs."""
-    from .lean_check import check_all
-
-    return check_all([_check_request(c) for c in candidates])
-
-
-def _check_request(candidate: LeanCandidate) -> ModuleCheck:
-    lean = candidate.artifact["lean"]
+def _check_request(variant: Pending) -> ModuleCheck:
+    lean, entry = variant.entry["lean"], variant.entry
     return {
-        "file": str(candidate.module_path),
-        "data": str(candidate.data_path),
+        "file": str(_module_path(variant)),
+        "data": str(variant.data_path),
         "extern_kernels": lean["extern_kernels"],
         "inputs_to_check": lean["inputs_to_check"],
-        "kernels": candidate.artifact["kernels"],
-        "kernels_dir": str(candidate.module_path.parent / KERNELS_DIR),  # its model's
-        "constants": {"file": str(candidate.module_path.parent / candidate.artifact["file"]), "specs": candidate.artifact["constants"]} if is_lean_only(candidate.artifact) else None,
+        "kernels": entry["kernels"],
+        "kernels_dir": str(variant.out_dir / KERNELS_DIR),
+        "constants": {"file": str(variant.out_dir / entry["file"]), "specs": entry["constants"]} if is_lean_only(entry) else None,
     }

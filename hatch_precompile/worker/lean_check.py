@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, TypedDict, cast
 
 from ..runtime._schema import ConstantSpec
+from .form import COMPILER_MODULES
 
 
 class FrozenTensorsFile(TypedDict):
@@ -32,7 +33,7 @@ class ModuleCheck(TypedDict):
     """One lean module to run, and what to run it with (worker/lean.py writes it)."""
 
     file: str
-    data: str  # torch.save of compile._CheckedSequence: the calls, the artifact's outputs and state
+    data: str  # torch.save of compile.CheckedSequence: the calls, the artifact's outputs and state
     extern_kernels: list[str]
     inputs_to_check: list[int]
     kernels: list[str]
@@ -68,7 +69,7 @@ def check(module: ModuleCheck) -> str:
         constants = rebuild_constants(constants_path.read_bytes(), constants_path, module["constants"]["specs"])
     source = path.read_text(encoding="utf-8")
     run = make_runner(source, str(path), kernels, module["extern_kernels"], module["inputs_to_check"], constants)
-    data = torch.load(module["data"], weights_only=True)  # compile._CheckedSequence
+    data = torch.load(module["data"], weights_only=True)  # compile.CheckedSequence
     weights = data["initial"]  # the state in it is updated in place by each call, as the loader's is
     for call, (inputs, expected) in enumerate(zip(data["calls"], data["outputs"]), start=1):
         with torch.no_grad():
@@ -98,9 +99,6 @@ def check_all(modules: list[ModuleCheck]) -> dict[str, str]:
         except Exception as error:  # reported per module; the build ships the artifact form instead
             results[module["file"]] = f"running it failed: {type(error).__name__}: {error}"
     return results
-
-
-COMPILER_MODULES = ("torch._inductor", "torch._dynamo")
 
 
 def main(request_path: str) -> int:

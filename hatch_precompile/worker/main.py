@@ -3,15 +3,14 @@
 The hook runs compile workers so that torch, the project's code and inductor's
 state never enter the build backend's process. One worker builds the models of
 its requests in turn: torch, torch.export and inductor are imported once, not
-once per model, and the lean forms of every model it compiled are checked
-together, in one fresh process, at the end. It stops at the first model that
+once per model, and the forms of every model it compiled are checked at the end,
+form by form (`compile.FORMS`), each in fresh processes. It stops at the first model that
 fails. What it reads, prints and writes is `engine.protocol`'s: a `WorkerRequest`
 per model, progress lines, and per model a `BuiltModel` or a `WorkerFailure`.
 """
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 import time
@@ -24,12 +23,12 @@ from typing import TYPE_CHECKING
 
 from ..engine.protocol import BuiltModel, Progress, WorkerFailure, WorkerRequest, write_result
 from ..engine.remote import Traffic, remote_cache
-from ..runtime._schema import QuantizationRecord, WeightsEntry, has_cpp_form, has_lean_form, is_lean_only
+from ..runtime._choice import FORMS as LOADED_FORMS  # what a variant ships, read as the loader reads it
+from ..runtime._schema import QuantizationRecord, WeightsEntry
 
 if TYPE_CHECKING:
     from .capture import Captured
     from .compile import ProducedArtifact
-    from .lean import LeanCandidate
 
 
 @contextmanager
@@ -52,7 +51,7 @@ def _report_remote(request: WorkerRequest) -> None:
 
 @dataclass
 class _Compiled:
-    """A model whose variants are compiled (or fetched), its lean forms not yet checked."""
+    """A model whose variants are compiled (or fetched), their forms not yet checked."""
 
     request: WorkerRequest
     captured: Captured  # the first variant's capture: its signature describes the model
@@ -86,12 +85,11 @@ def run(requests: list[WorkerRequest]) -> None:
                 write_result(request.out_dir, WorkerFailure("building", traceback.format_exc()))
                 raise
         try:
-            _check_lean_forms(compiled)
+            _check_forms(compiled)
         except ModelBuildError as error:  # an int8 model's only form failed its check
             failed = next(m.request for m in compiled if m.request.model.name == error.model)
             write_result(failed.out_dir, WorkerFailure(error.step, error.message))
             raise
-        _check_cpp_forms(compiled)
         for model in compiled:
             write_result(model.request.out_dir, _finish(model))
 
@@ -119,6 +117,7 @@ def _produce_variants(request: WorkerRequest) -> _Compiled:
         _report(model.name, f"{len(quantization['layers'])} linear layers hold {quantization['scheme'].split('-')[0]} weights{left}")
     produced: list[ProducedArtifact] = []
     first: tuple[Captured, WeightsEntry] | None = None
+    op_libraries: dict[str, str] = {}
     for fixed in model.shape_variants():
         shape = ", ".join(f"{dim}={size}" for dim, size in fixed.items()) or "dynamic dims"
         with _step(model.name, f"captured with torch.export ({shape})"):
@@ -132,6 +131,7 @@ def _produce_variants(request: WorkerRequest) -> _Compiled:
             raise ModelBuildError(model.name, "quantizing to int8", f"the model updates buffers ({', '.join(captured.state)}), and {frozen}")
         if first is None:
             first = captured, save_weights(model, captured, out_dir)
+            op_libraries = torch_internals.python_op_libraries(captured.exported)
         elif list(lifted_weights(captured)) != first[1]["order"]:
             raise ModelBuildError(model.name, f"capturing ({shape})", "the weights the graph takes differ between shape variants")
         quantized = None
@@ -140,17 +140,16 @@ def _produce_variants(request: WorkerRequest) -> _Compiled:
                 quantized = quantize(model, captured)
         for target in cpu_targets(model):
             variant_started = time.perf_counter()
-            artifact = produce_artifact(model, captured, fixed, target, out_dir, request.sources, quantized)
+            artifact = produce_artifact(model, captured, fixed, target, out_dir, request.sources, op_libraries, quantized)
             produced.append(artifact)
             _report_remote(request)
-            checked = accuracy_summary(artifact.entry["accuracy"]) if artifact.checked_here else f"not run here: this CPU lacks {target.name} (checked where the part was built)"
+            checked = accuracy_summary(artifact.entry["accuracy"]) if artifact.pending else f"not run here: this CPU lacks {target.name} (checked where the part was built)"
             source = "compiled" if artifact.origin == "compiled" else f"{artifact.origin}: {artifact.entry['file']}"
-            if artifact.cpp_seconds is not None:
-                source += f" (its C++ form in {artifact.cpp_seconds:.1f} s)"
+            if artifact.form_seconds:
+                source += f" ({', '.join(f'its {title} in {seconds:.1f} s' for title, seconds in artifact.form_seconds.items())})"
             _report(model.name, f"{target.name} ({shape}): {source}, {checked}", time.perf_counter() - variant_started)
     assert first is not None  # shape_variants() gives at least one
     captured, weights = first
-    op_libraries = torch_internals.python_op_libraries(captured.exported)
     return _Compiled(request, captured, weights, op_libraries, produced, time.perf_counter() - started, quantization)
 
 
@@ -160,21 +159,16 @@ def _finish(model: _Compiled) -> BuiltModel:
 
     request = model.request
     shutil.rmtree(request.out_dir / CHECK_DIR, ignore_errors=True)
+    refused: dict[tuple[str, str], list[str]] = {}  # (form, reason) -> the variants it holds for: said once
     for artifact in model.produced:
         request.sources.store(artifact.key, request.out_dir, artifact.entry, artifact.origin)
-        lean = artifact.entry["lean"]
-        form = "lean form" if has_lean_form(artifact.entry) else f"artifact form only, lean form refused: {lean['refused']}"
-        if is_lean_only(artifact.entry):
-            form = f"int8, lean form only ({lean['file']})"
-        if has_cpp_form(artifact.entry):
-            form = f"C++ form ({artifact.entry['cpp']['file']}) and {form}"
-        _report(request.model.name, f"{artifact.entry['file']}: {form}")
-    refused: dict[str, list[str]] = {}  # the C++ form's refusals, each said once with the variants it holds for
-    for artifact in model.produced:
-        if "refused" in artifact.entry.get("cpp", {}):
-            refused.setdefault(artifact.entry["cpp"]["refused"], []).append(artifact.entry["file"])
-    for reason, files in refused.items():
-        _report(request.model.name, f"no C++ form for {', '.join(files)} (the forms above load instead): {reason}")
+        shipped = [f"{form.TITLE} ({form.file(artifact.entry)})" for form in LOADED_FORMS.values() if form.shipped(artifact.entry)]
+        _report(request.model.name, f"{artifact.entry['file']}: {', '.join(shipped)}")
+        for form in LOADED_FORMS.values():
+            if form.refused(artifact.entry):
+                refused.setdefault((form.TITLE, form.refused(artifact.entry)), []).append(artifact.entry["file"])
+    for (title, reason), files in refused.items():
+        _report(request.model.name, f"no {title} for {', '.join(files)} (the forms above load instead): {reason}")
     _report_remote(request)
     return BuiltModel(
         model_entry(request.model, model.captured, model.weights, model.op_libraries, [a.entry for a in model.produced], model.quantization),
@@ -185,60 +179,13 @@ def _finish(model: _Compiled) -> BuiltModel:
     )
 
 
-def _check_lean_forms(models: list[_Compiled]) -> None:
-    """Run each lean module on the example inputs against its artifact and eager:
-    freshly compiled ones in a new interpreter, as the loader would (one for all
-    the models that import the same custom-op libraries: usually one in all);
-    ones from the build cache or a part here (they passed that check when
-    compiled, and their key pins their code). A module that fails is removed, and
-    its artifact ships in the artifact form only, with the reason in the manifest."""
-    from ..engine.errors import ModelBuildError
-    from .compile import CHECK_DIR
-    from .lean import check_in_fresh_process, check_in_this_process
+def _check_forms(models: list[_Compiled]) -> None:
+    """Each form checks what it produced of every model's variants (`form.BuildForm.check`)."""
+    from .compile import CHECK_DIR, FORMS
 
-    fresh: dict[str, list[LeanCandidate]] = {}  # by the op libraries their process imports
-    reused = []
-    for model in models:
-        for artifact in model.produced:
-            if artifact.candidate is not None and artifact.origin == "compiled":
-                fresh.setdefault(json.dumps(model.op_libraries, sort_keys=True), []).append(artifact.candidate)
-            elif artifact.candidate is not None:
-                reused.append(artifact.candidate)
-    first = models[0].request.model.name
-    reasons: dict[str, str] = {}
-    for index, (op_libraries, candidates) in enumerate(fresh.items()):
-        scratch = models[0].request.out_dir / CHECK_DIR / f"fresh-{index}"
-        scratch.mkdir(parents=True, exist_ok=True)
-        with _step(first, f"ran the lean form of {len(candidates)} artifact(s) in a fresh process and compared"):
-            reasons.update(check_in_fresh_process(candidates, scratch, json.loads(op_libraries)))
-    if reused:
-        with _step(first, f"ran the lean form of {len(reused)} cached artifact(s) and compared"):
-            reasons.update(check_in_this_process(reused))
-    for candidate in [*(c for group in fresh.values() for c in group), *reused]:
-        reason = reasons.get(str(candidate.module_path), "the check did not report on it")
-        if reason and is_lean_only(candidate.artifact):  # an int8 variant: the lean form is its only one
-            owner = next(m.request.model.name for m in models if any(a.candidate is candidate for a in m.produced))
-            raise ModelBuildError(owner, f"running the int8 lean form {candidate.module_path.name} in a fresh process", reason)
-        if reason:
-            candidate.module_path.unlink()
-            candidate.artifact["lean"] = {"refused": reason}
-
-
-def _check_cpp_forms(models: list[_Compiled]) -> None:
-    """Run each model's freshly compiled C++ forms in a new interpreter and compare
-    them with eager (`cpp_form.check_in_fresh_process`); a failing one is removed
-    and its variants ship in the lean form, saying why."""
-    from .compile import CHECK_DIR
-    from .cpp_form import check_in_fresh_process
-
-    for model in models:
-        candidates = [a.cpp_candidate for a in model.produced if a.cpp_candidate is not None]
-        if not candidates:
-            continue
-        scratch = model.request.out_dir / CHECK_DIR / "cpp"
-        scratch.mkdir(parents=True, exist_ok=True)
-        with _step(model.request.model.name, f"ran the C++ form of {len(candidates)} variant(s) in a fresh process and compared with eager"):
-            check_in_fresh_process(model.request.model, candidates, scratch)
+    pending = [artifact.pending for model in models for artifact in model.produced if artifact.pending is not None]
+    for form in FORMS:
+        form.check(pending, models[0].request.out_dir / CHECK_DIR / form.NAME, _step)
 
 
 def main(request_paths: list[str]) -> int:
