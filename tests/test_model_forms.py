@@ -414,10 +414,10 @@ def test_a_library_holding_a_constant_that_is_not_a_weight_is_refused_and_remove
     alone picks that template or ATen's by timing, so the battery cannot rely on it.)"""
     import torch
 
-    from hatch_precompile.worker.cpp_form import produce
+    from hatch_precompile.worker.cpp_form import compile_library
 
     exported = torch.export.export(torch.nn.Linear(64, 32).eval(), (torch.randn(4, 64),))
     config = {"max_autotune": True, "max_autotune_gemm_backends": "CPP"}
-    record = produce(exported, config, {"file": "cpu_avx2.bin"}, tmp_path, list(exported.state_dict))  # type: ignore[typeddict-item]
+    record = compile_library(exported, config, "cpu_avx2.bin", tmp_path, list(exported.state_dict))
     assert record.keys() == {"refused"} and record["refused"].startswith("the library holds constants that are not the graph's weights: constant"), record
     assert list(tmp_path.iterdir()) == []

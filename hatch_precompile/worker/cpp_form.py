@@ -53,25 +53,32 @@ def wanted(model: ModelConfig) -> bool:
 def produce(variant: Variant) -> CppRecord:
     """Compile the variant's library into its folder, or say why not. What it
     needs of the system counts in the variant's once it passed its check."""
-    from .capture import _torch_error
-    from .torch_internals import compile_container, container_constants, returned_inputs
     from .weights import lifted_weights
 
-    exported, entry = variant.captured.exported, variant.entry
     reason = _refusal(variant)
     if reason:
         return {"refused": reason}
+    return compile_library(variant.captured.exported, variant.options, variant.entry["file"], variant.out_dir, list(lifted_weights(variant.captured)))
+
+
+def compile_library(exported: Any, options: dict[str, Any], artifact: str, out_dir: Path, order: list[str]) -> CppRecord:
+    """The library of the export whose artifact is `artifact`, compiled into
+    `out_dir` with inductor `options`, binding the weights named `order`; or why
+    there is none (no file of it is left then)."""
+    from .capture import _torch_error
+    from .torch_internals import compile_container, container_constants, returned_inputs
+
     try:
-        library, ops = compile_container(exported, variant.options)
+        library, ops = compile_container(exported, options)
     except Exception as error:  # the build goes on in the lean form, saying why
         return {"refused": f"AOTInductor could not compile it: {_torch_error(error)}"}
-    path = variant.out_dir / cpp_library_file(entry["file"])
+    path = out_dir / cpp_library_file(artifact)
     path.write_bytes(library)
-    ops_path = variant.out_dir / cpp_ops_file(path.name)
+    ops_path = out_dir / cpp_ops_file(path.name)
     if ops is not None:
         ops_path.write_bytes(ops)
     constants = container_constants(path, exported)
-    unknown = sorted(set(constants.values()) - set(lifted_weights(variant.captured)))
+    unknown = sorted(set(constants.values()) - set(order))
     if unknown:
         path.unlink()
         ops_path.unlink(missing_ok=True)
