@@ -86,7 +86,7 @@ def build(architectures: list[Architecture], scratch: Path) -> tuple[Path, dict[
     source.mkdir(parents=True)
     (source / "__init__.py").write_text("from ._precompiled import load_compiled\n")
     (source / "models.py").write_text((BATTERY / "models.py").read_text())
-    body = re.sub(r"^(\[tool\.hatch\.build\.hooks\.precompile\.models\.\w+\])$", r"\1\ncpp-form = true", table(architectures, PACKAGE), flags=re.MULTILINE)
+    body = table(architectures, PACKAGE, cpp_form=True)
     header = f'[build-system]\nrequires = ["hatchling", "hatch-precompile"]\nbuild-backend = "hatchling.build"\n\n[project]\nname = "{PACKAGE}"\nversion = "1.0"\n\n'
     (project / "pyproject.toml").write_text(header + "[tool.hatch.build.hooks.precompile]\njobs = 2\n" + body)
     done = subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", str(project)], capture_output=True, text=True)

@@ -94,7 +94,7 @@ class ProducedArtifact:
     key: str
     origin: str  # "compiled", "cached", or "part <folder>"
     pending: Pending | None  # None: from a part for a CPU this machine lacks, not run here
-    form_seconds: dict[str, float]  # what producing each timed form took (by TITLE), where compiled here
+    form_times: list[str]  # what producing each timed form took, for the build log, where compiled here
 
 
 def produce_artifact(
@@ -126,7 +126,7 @@ def produce_artifact(
         raise ModelBuildError(name, f"taking {file} from a part", str(mismatch)) from None
     initial = _initial_weights(captured, int8)
     state_inputs = _state_inputs(captured)
-    form_seconds: dict[str, float] = {}
+    form_times: list[str] = []
     weights = [w.clone() if index in state_inputs else w for index, w in enumerate(initial)]  # each call updates the state
     calls = [torch_internals.tree_leaves(call) for call in captured.calls]
     flat = [*weights, *calls[0]]
@@ -139,9 +139,9 @@ def produce_artifact(
             entry, outputs, run, output_module = _compile_artifact(model, captured, fixed, target, config, out_dir, file, flat)
             variant = Variant(model, captured, config.options, entry, out_dir, output_module, None)
         origin = "compiled"
-        form_seconds = _produce_forms(variant)
+        form_times = _produce_forms(variant)
     elif not set(entry["cpu_features"]) <= cpu_features():
-        return ProducedArtifact(entry, key, origin, None, {})
+        return ProducedArtifact(entry, key, origin, None, [])
     else:
         run = _saved_runner(out_dir, entry)
         with torch.no_grad():
@@ -165,20 +165,22 @@ def produce_artifact(
     call_names = [captured.call_name(index) for index in range(len(calls))]
     order = list(lifted_weights(captured))
     pending = Pending(model, op_libraries, entry, out_dir, origin == "compiled", data_path, order, captured.input_leaves, captured.eager_run[0], call_names, captured.reference_outputs)
-    return ProducedArtifact(entry, key, origin, pending, form_seconds)
+    return ProducedArtifact(entry, key, origin, pending, form_times)
 
 
-def _produce_forms(variant: Variant) -> dict[str, float]:
+def _produce_forms(variant: Variant) -> list[str]:
     """Each form the model wants, produced from the just compiled variant into its
-    entry; returns what the timed ones took."""
-    seconds = {}
+    entry; returns what the timed ones took, for the build log."""
+    said = []
     for form in FORMS:
         if form.wanted(variant.model):
             started = time.perf_counter()
-            cast(dict[str, Any], variant.entry)[form.NAME] = form.produce(variant)  # the entry's key for the form
+            record = form.produce(variant)
+            cast(dict[str, Any], variant.entry)[form.NAME] = record  # the entry's key for the form
             if form.TIMED:
-                seconds[form.TITLE] = time.perf_counter() - started
-    return seconds
+                outcome = "refused after" if "refused" in record else "in"  # the reason is said once per model
+                said.append(f"its {form.TITLE} {outcome} {time.perf_counter() - started:.1f} s")
+    return said
 
 
 @dataclass

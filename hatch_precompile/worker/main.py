@@ -145,8 +145,8 @@ def _produce_variants(request: WorkerRequest) -> _Compiled:
             _report_remote(request)
             checked = accuracy_summary(artifact.entry["accuracy"]) if artifact.pending else f"not run here: this CPU lacks {target.name} (checked where the part was built)"
             source = "compiled" if artifact.origin == "compiled" else f"{artifact.origin}: {artifact.entry['file']}"
-            if artifact.form_seconds:
-                source += f" ({', '.join(f'its {title} in {seconds:.1f} s' for title, seconds in artifact.form_seconds.items())})"
+            if artifact.form_times:
+                source += f" ({', '.join(artifact.form_times)})"
             _report(model.name, f"{target.name} ({shape}): {source}, {checked}", time.perf_counter() - variant_started)
     assert first is not None  # shape_variants() gives at least one
     captured, weights = first

@@ -294,8 +294,9 @@ def sizes(architecture: Architecture) -> list[dict[str, int]]:
     ]
 
 
-def table(architectures: list[Architecture], package: str) -> str:
-    """The body of `[tool.hatch.build.hooks.precompile]` declaring these models."""
+def table(architectures: list[Architecture], package: str, cpp_form: bool = False) -> str:
+    """The body of `[tool.hatch.build.hooks.precompile]` declaring these models,
+    each with `cpp-form = true` where `cpp_form` (else only those declaring a refusal of it)."""
     lines = ['fallback = "error"', ""]
     for a in architectures:
         lines.append(f"[tool.hatch.build.hooks.precompile.models.{a.name}]")
@@ -309,7 +310,7 @@ def table(architectures: list[Architecture], package: str) -> str:
             lines.append(f'quantize = "{a.quantize}"')
         if a.calibration:
             lines.append(f'calibration = "{package}.models:{a.calibration}"')
-        if a.cpp_refused:
+        if cpp_form or a.cpp_refused:
             lines.append("cpp-form = true")
         if a.options:
             lines.append("options = { " + ", ".join(f"{k} = {str(v).lower()}" for k, v in a.options.items()) + " }")
