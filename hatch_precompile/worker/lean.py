@@ -44,7 +44,7 @@ from ..runtime._torch_private import LEAN_BINDINGS
 from . import torch_internals
 from .form import Pending, Step, Variant
 from .frozen_tensors import ConstantsRefused, save_constants
-from .lean_check import CheckRequest, ModuleCheck, read_results
+from .lean_check import CheckRequest, ModuleCheck, check_all, read_results
 from .torch_internals import FrozenGraph
 
 # The compiler imports inductor writes, by module. The loader binds the names in
@@ -271,8 +271,6 @@ def check(pending: list[Pending], scratch: Path, step: Step) -> None:
         with step(first, f"ran the lean form of {len(group)} artifact(s) in a fresh process and compared"):
             reasons.update(_check_in_fresh_process(group, folder, json.loads(op_libraries)))
     if reused:
-        from .lean_check import check_all
-
         with step(first, f"ran the lean form of {len(reused)} cached artifact(s) and compared"):
             reasons.update(check_all([_check_request(p) for p in reused]))
     for variant in ours:
