@@ -93,7 +93,8 @@ class ProducedArtifact:
     entry: ArtifactEntry
     key: str
     origin: str  # "compiled", "cached", or "part <folder>"
-    pending: Pending | None  # None: from a part for a CPU this machine lacks, not run here
+    checked_here: bool  # False: from a part for a CPU this machine lacks
+    pending: Pending | None  # None: not run here, or no form to check
     form_times: list[str]  # what producing each timed form took, for the build log, where compiled here
 
 
@@ -134,14 +135,14 @@ def produce_artifact(
         config = _target_config(model, target)
         if int8 is not None:
             entry, outputs, run, frozen = _compile_frozen(model, config, fixed, target, out_dir, file, flat, copy.deepcopy(int8))
-            variant = Variant(model, captured, config.options, entry, out_dir, None, frozen)
+            variant = Variant(model, captured, config.options, entry, out_dir, None, frozen, op_libraries)
         else:
             entry, outputs, run, output_module = _compile_artifact(model, captured, fixed, target, config, out_dir, file, flat)
-            variant = Variant(model, captured, config.options, entry, out_dir, output_module, None)
+            variant = Variant(model, captured, config.options, entry, out_dir, output_module, None, op_libraries)
         origin = "compiled"
         form_times = _produce_forms(variant)
     elif not set(entry["cpu_features"]) <= cpu_features():
-        return ProducedArtifact(entry, key, origin, None, [])
+        return ProducedArtifact(entry, key, origin, False, None, [])
     else:
         run = _saved_runner(out_dir, entry)
         with torch.no_grad():
@@ -161,11 +162,13 @@ def produce_artifact(
     if against_float32 is not None:
         entry["accuracy"]["calls"] = against_float32["calls"]
         entry["accuracy"]["token_agreement"] = against_float32["token_agreement"]
+    if not any("file" in cast(dict[str, Any], entry).get(form.NAME, {}) for form in FORMS):
+        return ProducedArtifact(entry, key, origin, True, None, form_times)  # the artifact form alone: nothing more to check
     data_path = _save_sequence(entry, CheckedSequence(initial, calls, [outputs, *steps], sorted(state_inputs), state), out_dir)
     call_names = [captured.call_name(index) for index in range(len(calls))]
     order = list(lifted_weights(captured))
     pending = Pending(model, op_libraries, entry, out_dir, origin == "compiled", data_path, order, captured.input_leaves, captured.eager_run[0], call_names, captured.reference_outputs)
-    return ProducedArtifact(entry, key, origin, pending, form_times)
+    return ProducedArtifact(entry, key, origin, True, pending, form_times)
 
 
 def _produce_forms(variant: Variant) -> list[str]:

@@ -94,13 +94,12 @@ def compile_library(exported: Any, options: dict[str, Any], artifact: str, out_d
 
 def _refusal(variant: Variant) -> str:
     """Why this variant can have no C++ form, before compiling one; or ""."""
-    from .torch_internals import aliased_output, python_op_libraries
+    from .torch_internals import aliased_output
 
     if variant.frozen is not None:
         return "an int8 graph is compiled with its weights frozen in as oneDNN's packed constants, which the container cannot bind"
-    op_libraries = python_op_libraries(variant.captured.exported)
-    if op_libraries:
-        return f"its graph calls Python custom ops ({', '.join(sorted(op_libraries))}), which a C++ container cannot call"
+    if variant.op_libraries:
+        return f"its graph calls Python custom ops ({', '.join(sorted(variant.op_libraries))}), which a C++ container cannot call"
     return aliased_output(variant.captured.exported)
 
 

@@ -47,6 +47,7 @@ class Variant:
     out_dir: Path  # the model's folder
     output_module: tuple[str, list[int], str] | None  # the artifact's output module (`torch_internals.output_module`)
     frozen: FrozenGraph | None  # an int8 variant's graph, compiled with its weights frozen in, instead of an artifact
+    op_libraries: dict[str, str]  # custom op -> the module defining it (`torch_internals.python_op_libraries`)
 
 
 @dataclass

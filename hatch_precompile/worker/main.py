@@ -143,7 +143,7 @@ def _produce_variants(request: WorkerRequest) -> _Compiled:
             artifact = produce_artifact(model, captured, fixed, target, out_dir, request.sources, op_libraries, quantized)
             produced.append(artifact)
             _report_remote(request)
-            checked = accuracy_summary(artifact.entry["accuracy"]) if artifact.pending else f"not run here: this CPU lacks {target.name} (checked where the part was built)"
+            checked = accuracy_summary(artifact.entry["accuracy"]) if artifact.checked_here else f"not run here: this CPU lacks {target.name} (checked where the part was built)"
             source = "compiled" if artifact.origin == "compiled" else f"{artifact.origin}: {artifact.entry['file']}"
             if artifact.form_times:
                 source += f" ({', '.join(artifact.form_times)})"
@@ -165,8 +165,8 @@ def _finish(model: _Compiled) -> BuiltModel:
         shipped = [f"{form.TITLE} ({form.file(artifact.entry)})" for form in LOADED_FORMS.values() if form.shipped(artifact.entry)]
         _report(request.model.name, f"{artifact.entry['file']}: {', '.join(shipped)}")
         for form in LOADED_FORMS.values():
-            if form.refused(artifact.entry):
-                refused.setdefault((form.TITLE, form.refused(artifact.entry)), []).append(artifact.entry["file"])
+            if reason := form.refused(artifact.entry):
+                refused.setdefault((form.TITLE, reason), []).append(artifact.entry["file"])
     for (title, reason), files in refused.items():
         _report(request.model.name, f"no {title} for {', '.join(files)} (the forms above load instead): {reason}")
     _report_remote(request)
