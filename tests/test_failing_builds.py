@@ -58,6 +58,19 @@ def not_a_module():
     return "a string"
 
 
+class WrongAtTheLargestBatch(nn.Module):
+    def forward(self, x):
+        # Eager alone triples a batch of 16, the dim's max: torch.export does not
+        # take this branch, so the compiled graph doubles every size.
+        if not torch.compiler.is_exporting() and x.shape[0] == 16:
+            return x * 3
+        return x * 2
+
+
+def wrong_at_the_largest_batch():
+    return WrongAtTheLargestBatch()
+
+
 class Counter(nn.Module):
     def __init__(self):
         super().__init__()
@@ -197,6 +210,15 @@ def test_a_model_that_misses_its_accuracy_bound_says_by_how_much(tmp_path: Path)
     assert status != 0
     assert "model 'm' failed while checking accuracy: output 0 against float32 eager on the example inputs: relative error " in output
     assert "> max-relative-error 1e-06. If this precision is acceptable for the model, loosen `accuracy` in [tool.hatch.build.hooks.precompile.models." in output
+    assert_left_nothing(scratch)
+
+
+def test_a_model_wrong_only_at_a_dims_max_is_refused_naming_the_sizes(tmp_path: Path) -> None:
+    """The example inputs (batch 2) pass; the build's calls at the dims' min, a
+    size between and max find the difference, and the message says at which."""
+    status, output, scratch = build(make_project(tmp_path, MODEL.format(factory="mypkg.models:wrong_at_the_largest_batch")))
+    assert status != 0
+    assert "model 'm' failed while checking accuracy: output 0 against eager at batch=16 (the dims' min, a size between and max): " in output, output[-3000:]
     assert_left_nothing(scratch)
 
 
