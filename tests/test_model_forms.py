@@ -421,3 +421,24 @@ def test_a_library_holding_a_constant_that_is_not_a_weight_is_refused_and_remove
     record = compile_library(exported, config, "cpu_avx2.bin", tmp_path, list(exported.state_dict))
     assert record.keys() == {"refused"} and record["refused"].startswith("the library holds constants that are not the graph's weights: constant"), record
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_library_linking_what_the_manylinux_policy_does_not_provide_is_refused_naming_it(tmp_path: Path) -> None:
+    """A C++ library that passed its check but links a library neither torch's wheel
+    nor the manylinux policy provides (an extra library from the build machine's
+    compiler setup) cannot ship: the reason names both, and the variant's needs
+    are left as its kernels made them. A real ELF file, linked by the system's C compiler."""
+    import subprocess
+
+    from hatch_precompile.worker.cpp_form import _count_native_needs
+    from hatch_precompile.worker.form import Pending
+
+    (tmp_path / "extra.c").write_text("int extra(void) { return 1; }\n")
+    (tmp_path / "model.c").write_text("int extra(void);\nint run(void) { return extra(); }\n")
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", tmp_path / "libhatchextra.so", tmp_path / "extra.c"], check=True)
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", tmp_path / "cpu_avx2_cpp.so", tmp_path / "model.c", f"-L{tmp_path}", "-lhatchextra"], check=True)
+    entry = {"file": "cpu_avx2.bin", "kernels": [], "cpp": {"file": "cpu_avx2_cpp.so", "constants": {}}}
+    variant = Pending(None, {}, entry, tmp_path, True, tmp_path / "data.pt", [], [], [], [], None)  # type: ignore[arg-type]
+    reason = _count_native_needs(variant)
+    assert reason.startswith("compiled kernel cpu_avx2_cpp.so links libhatchextra.so, which neither torch's wheel nor the manylinux policy provides"), reason
+    assert "native" not in entry
