@@ -252,6 +252,15 @@ redis_server() {  # the remote build cache's tests start real Redis servers (Deb
   fi
 }
 
+in_scratch() {  # in_scratch <pytest command...>: with a pytest folder of its own (--basetemp),
+  # removed after a green run (it holds a gigabyte or two of builds and environments)
+  local scratch status=0
+  scratch=$(mktemp -d)
+  "$@" --basetemp "$scratch/pytest" || status=$?
+  [ "$status" -ne 0 ] || rm -rf "$scratch"
+  return "$status"
+}
+
 leg() {  # leg <release> [pytest args]: the release-marked tests under torch==<release>, in
   # its own environment (made with .venv's uv; .venv itself is left alone, since the
   # default suite may be running in it)
@@ -283,13 +292,9 @@ case "${1:-}" in
       (
         status=0
         for release in $OTHER_RELEASES; do
-          if ! leg "$release" --durations=10 --cpu-durations=10 --basetemp "$(mktemp -d)/pytest" >".leg-$release.log" 2>&1; then
-            status=1
-          fi
+          in_scratch leg "$release" --durations=10 --cpu-durations=10 >".leg-$release.log" 2>&1 || status=1
         done
-        if ! "$VENV/bin/python" -m pytest -p no:cacheprovider -m after_legs --durations=10 --cpu-durations=10 --basetemp "$(mktemp -d)/pytest" >.after-legs.log 2>&1; then
-          status=1
-        fi
+        in_scratch "$VENV/bin/python" -m pytest -p no:cacheprovider -m after_legs --durations=10 --cpu-durations=10 >.after-legs.log 2>&1 || status=1
         exit $status
       ) &
       legs=$!
@@ -297,7 +302,7 @@ case "${1:-}" in
       # (no session fixture shared with the rest: marked standalone) too, in a second pytest process:
       # with them the rest of the suite was the longest of the three (28 of 28.5
       # minutes, the last 14 of them alone on the machine).
-      "$VENV/bin/python" -m pytest -p no:cacheprovider -m standalone --durations=10 --cpu-durations=10 --basetemp "$(mktemp -d)/pytest" >.beside.log 2>&1 &
+      in_scratch "$VENV/bin/python" -m pytest -p no:cacheprovider -m standalone --durations=10 --cpu-durations=10 >.beside.log 2>&1 &
       beside=$!
       suite=0
       test_suite -m "not standalone and not after_legs" --durations=25 --cpu-durations=25 || suite=$?  # the slowest tests, to keep CI's time in view

@@ -24,7 +24,21 @@ import torch
 from hatch_precompile.engine.assemble import RUNTIME_FILES
 from hatch_precompile.engine.native import stricter_platform
 
-from conftest import EXAMPLE, REPO, ExampleBuild, Venv, assert_said_plainly, isolated_build, no_compiler_env, pin_build_torch, run, session_compiler_outputs, sharing_compiler_outputs, with_find_links
+from conftest import (
+    EXAMPLE,
+    REPO,
+    ExampleBuild,
+    Venv,
+    assert_said_plainly,
+    isolated_build,
+    no_compiler_env,
+    on_a_release_leg,
+    pin_build_torch,
+    run,
+    session_compiler_outputs,
+    sharing_compiler_outputs,
+    with_find_links,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -166,6 +180,8 @@ def test_build_reports_progress_per_model_and_step(example_build: ExampleBuild) 
     ],
 )
 def test_compiled_encoder_matches_eager_in_every_form_with_no_compiler(deploy_venv: Venv, tmp_path: Path, form: str, loaded: str, compiler: list[str]) -> None:
+    if form == "cpp" and on_a_release_leg():
+        pytest.skip("the C++ form asked for by name loads the file `auto` loads: the leg checks that one")
     env = no_compiler_env(tmp_path, HATCH_PRECOMPILE_FORM=form)
     report = json.loads(deploy_venv.script(COMPARE_WITH_EAGER, env=env).stdout)
     assert not (tmp_path / "compiler-used").exists()

@@ -56,10 +56,6 @@ def llama_in(dtype=torch.float32) -> nn.Module:
     return _static_cache(llama_lm().to(dtype))
 
 
-def qwen3_in(dtype=torch.float32) -> nn.Module:
-    return _static_cache(qwen3_lm().to(dtype))
-
-
 def gpt2_in(dtype=torch.float32) -> nn.Module:
     return _static_cache(gpt2_lm().to(dtype))
 '''
@@ -72,14 +68,14 @@ dims = { batch = { min = 1, max = 4, axes = ["0:0"] }, seq = { min = 1, max = 64
 LM = """example-inputs = "lowbit.models:lm_prompt"
 example-steps = "lowbit.models:lm_steps"
 dims = { seq = { min = 1, max = 48, axes = ["input_ids:1", "cache_position:0"] } }"""
-# (model, factory, scheme, group size): every decoder of tests/stateful in int8 and in int4
+# (model, factory, scheme, group size): our decoder and GPT-2 (transformers' Conv1D,
+# its weight stored transposed) in int8 and in int4, Llama (transformers' static
+# cache) in int8. Qwen3 and Llama in int4 were here too: their layers are the same
+# nn.Linear as Llama's and our decoder's, and they cost CI a minute and a half.
 MODELS_BUILT = [
     ("decoder_int8", "decoder", "int8-weight-only", None),
     ("decoder_int4", "decoder", "int4-weight-only", 32),
     ("llama_int8", "llama_in", "int8-weight-only", None),
-    ("llama_int4", "llama_in", "int4-weight-only", 32),
-    ("qwen3_int8", "qwen3_in", "int8-weight-only", None),
-    ("qwen3_int4", "qwen3_in", "int4-weight-only", 32),
     ("gpt2_int8", "gpt2_in", "int8-weight-only", None),
     ("gpt2_int4", "gpt2_in", "int4-weight-only", 32),
 ]
