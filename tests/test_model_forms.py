@@ -437,8 +437,9 @@ def test_a_library_linking_what_the_manylinux_policy_does_not_provide_is_refused
     (tmp_path / "model.c").write_text("int extra(void);\nint run(void) { return extra(); }\n")
     subprocess.run(["cc", "-shared", "-fPIC", "-o", tmp_path / "libhatchextra.so", tmp_path / "extra.c"], check=True)
     subprocess.run(["cc", "-shared", "-fPIC", "-o", tmp_path / "cpu_avx2_cpp.so", tmp_path / "model.c", f"-L{tmp_path}", "-lhatchextra"], check=True)
-    entry = {"file": "cpu_avx2.bin", "kernels": [], "cpp": {"file": "cpu_avx2_cpp.so", "constants": {}}}
+    kernels_needs = {"glibc": "2.2.5", "glibcxx": "", "libraries": ["libc.so.6"], "policy": "manylinux_2_5_x86_64"}
+    entry = {"file": "cpu_avx2.bin", "kernels": [], "cpp": {"file": "cpu_avx2_cpp.so", "constants": {}}, "native": dict(kernels_needs)}
     variant = Pending(None, {}, entry, tmp_path, True, tmp_path / "data.pt", [], [], [], [], None)  # type: ignore[arg-type]
     reason = _count_native_needs(variant)
     assert reason.startswith("compiled kernel cpu_avx2_cpp.so links libhatchextra.so, which neither torch's wheel nor the manylinux policy provides"), reason
-    assert "native" not in entry
+    assert entry["native"] == kernels_needs
