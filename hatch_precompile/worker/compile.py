@@ -33,6 +33,7 @@ from ..engine.native import UnprovidedLibraryError, read_needs, system_needs, to
 from ..engine.sources import ArtifactSources, PartMismatch
 from ..engine.targets import CPU_TARGETS, CpuTarget, features_from_flags, host_target, is_x86_64
 from ..runtime import _torch_private
+from ..runtime._choice import FORMS as LOADED_FORMS  # what a variant ships, read as the loader reads it
 from ..runtime._frozen_tensors import rebuild_constants
 from ..runtime._layout import KERNELS_DIR, artifact_file, constants_file, kernel_file
 from ..runtime._lean import make_runner
@@ -162,7 +163,7 @@ def produce_artifact(
     if against_float32 is not None:
         entry["accuracy"]["calls"] = against_float32["calls"]
         entry["accuracy"]["token_agreement"] = against_float32["token_agreement"]
-    if not any("file" in cast(dict[str, Any], entry).get(form.NAME, {}) for form in FORMS):
+    if not any(LOADED_FORMS[form.NAME].shipped(entry) for form in FORMS):
         return ProducedArtifact(entry, key, origin, True, None, form_times)  # the artifact form alone: nothing more to check
     data_path = _save_sequence(entry, CheckedSequence(initial, calls, [outputs, *steps], sorted(state_inputs), state), out_dir)
     call_names = [captured.call_name(index) for index in range(len(calls))]
