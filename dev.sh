@@ -282,7 +282,9 @@ case "${1:-}" in
     else
       setup
       redis_server
+      echo "== environments ready after ${SECONDS} s"
       lint
+      echo "== lint done after ${SECONDS} s"
       # The release legs run beside the default suite, which leaves a core idle
       # much of the time (installs, fresh interpreters, one-worker builds): one
       # after the other, each in its own environment (made by uv, which links
@@ -306,9 +308,12 @@ case "${1:-}" in
       beside=$!
       suite=0
       test_suite -m "not standalone and not after_legs" --durations=25 --cpu-durations=25 || suite=$?  # the slowest tests, to keep CI's time in view
+      echo "== default suite done after ${SECONDS} s"
       legs_status=0 beside_status=0
       wait "$beside" || beside_status=$?
+      echo "== standalone tests done after ${SECONDS} s"
       wait "$legs" || legs_status=$?
+      echo "== release legs and after_legs tests done after ${SECONDS} s"
       echo "== the standalone-marked tests (from .beside.log)"
       tail -n 45 .beside.log
       for release in $OTHER_RELEASES; do
