@@ -158,6 +158,14 @@ def int8_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_wheel(write_project(tmp_path_factory.mktemp("int8"), "int8pkg", MODELS, PROJECT))
 
 
+# A CPU without VNNI (AMD EPYCs before Zen 4, Intel Xeons before Cascade Lake) multiplies
+# uint8 activations by int8 weights in oneDNN with vpmaddubsw, which adds pairs of
+# products into 16 bits that saturate: the net's cosine to float32 measured
+# 0.9984-0.9991 there against 0.99997 in exact int8 arithmetic (docs/configuration.md).
+HAS_VNNI = bool({"avx512_vnni", "avx_vnni", "amx_int8"} & set(Path("/proc/cpuinfo").read_text().split()))
+WITHOUT_VNNI_COSINE = 0.995
+
+
 @pytest.fixture(scope="module")
 def int8_venv(tmp_path_factory: pytest.TempPathFactory, int8_wheel: Path) -> Venv:
     """The wheel and what its metadata requires: torch and safetensors, no torchao."""
@@ -182,7 +190,8 @@ def test_the_wheel_ships_the_lean_form_and_constants_only(int8_wheel: Path) -> N
         (variant,) = model["artifacts"]
         assert model["quantize"] == "int8" and variant["file"] == f"{name}/cpu_avx2_constants.safetensors"
         assert variant["lean"]["file"] == f"{name}/cpu_avx2.py"
-        assert variant["accuracy"]["against"] == "float32 eager" and variant["accuracy"]["outputs"][0]["cosine"] > 0.999
+        cosine = 0.999 if HAS_VNNI or name == "encoder" else WITHOUT_VNNI_COSINE  # the build's check ran on this CPU
+        assert variant["accuracy"]["against"] == "float32 eager" and variant["accuracy"]["outputs"][0]["cosine"] > cosine
         packed = {spec["prepack"] for spec in variant["constants"].values() if "prepack" in spec}
         assert packed == ({"onednn.qconv_prepack", "onednn.qlinear_prepack"} if name == "net" else {"onednn.qlinear_prepack"})
     # reproducible bytes: the frozen constants' declarations and the size checks' messages carry no address
@@ -214,7 +223,8 @@ print(json.dumps(report))
 
 @pytest.mark.release
 def test_it_loads_lean_without_compiler_or_torchao_and_keeps_float32_accuracy(int8_venv: Venv, tmp_path: Path) -> None:
-    """At batch 1, 5 and 16 (one graph for the dynamic batch), against the float32 modules run here."""
+    """At batch 1, 5 and 16 (one graph for the dynamic batch), against the float32 modules run here;
+    at the CPU's best and with oneDNN held to AVX2, as on a CPU without VNNI."""
     import torch
 
     models: dict = {}
@@ -227,13 +237,15 @@ def test_it_loads_lean_without_compiler_or_torchao_and_keeps_float32_accuracy(in
         data = {"images": images, "net": [net(x) for x in images], "ids": ids, "mask": mask}
         data["encoder"] = encoder(ids, attention_mask=mask).last_hidden_state
     torch.save(data, tmp_path / "data.pt")
-    result = int8_venv.script(CALL.replace("sys.argv[1]", repr(str(tmp_path / "data.pt"))), env=no_compiler_env(tmp_path))
-    report = json.loads(result.stdout)
+    call = CALL.replace("sys.argv[1]", repr(str(tmp_path / "data.pt")))
+    without_vnni = json.loads(int8_venv.script(call, env=no_compiler_env(tmp_path, ONEDNN_MAX_CPU_ISA="AVX2")).stdout)
+    assert min(without_vnni["net"]) > WITHOUT_VNNI_COSINE and without_vnni["encoder"] > 0.999, without_vnni
+    report = json.loads(int8_venv.script(call, env=no_compiler_env(tmp_path)).stdout)
     assert (
         "net: would load net/cpu_avx2.py (lean form; the build refused the C++ form: an int8 graph is compiled with its weights "
         "frozen in as oneDNN's packed constants, which the container cannot bind)"
     ) in report["explain"]
-    assert min(report["net"]) > 0.999 and report["encoder"] > 0.999, report
+    assert min(report["net"]) > (0.999 if HAS_VNNI else WITHOUT_VNNI_COSINE) and report["encoder"] > 0.999, report
     assert report["compiler_modules"] == []
     assert not (tmp_path / "compiler-used").exists()
     range_error, weights_error = report["refused"]
