@@ -4,6 +4,8 @@
 #                          environment, and time the compiled encoder against eager
 #   ./dev.sh test          what CI runs: lint and types, then the test suite on the default
 #                          torch and, beside it, the release leg on every other supported torch release
+#   ./dev.sh battery       the architecture battery (tests marked `battery`: 37 models, two wheels), which
+#                          CI leaves out for time: run it before landing changes to capture, compile or the loader
 #   ./dev.sh lint          ruff and mypy only (configured in pyproject.toml)
 #   ./dev.sh test ARGS     the test suite only, with pytest ARGS (e.g. -m "not e2e")
 #   ./dev.sh leg RELEASE   the release leg on torch==RELEASE: the tests marked
@@ -300,11 +302,11 @@ case "${1:-}" in
         exit $status
       ) &
       legs=$!
-      # The architecture battery and the tests that build projects of their own
-      # (no session fixture shared with the rest: marked standalone) too, in a second pytest process:
-      # with them the rest of the suite was the longest of the three (28 of 28.5
-      # minutes, the last 14 of them alone on the machine).
-      in_scratch "$VENV/bin/python" -m pytest -p no:cacheprovider -m standalone --durations=10 --cpu-durations=10 >.beside.log 2>&1 &
+      # The tests that build projects of their own (no session fixture shared with
+      # the rest: marked standalone) too, in a second pytest process: with them the
+      # rest of the suite was the longest of the three (28 of 28.5 minutes, the last
+      # 14 of them alone on the machine). The battery is not among them (./dev.sh battery).
+      in_scratch "$VENV/bin/python" -m pytest -p no:cacheprovider -m "standalone and not battery" --durations=10 --cpu-durations=10 >.beside.log 2>&1 &
       beside=$!
       suite=0
       test_suite -m "not standalone and not after_legs" --durations=25 --cpu-durations=25 || suite=$?  # the slowest tests, to keep CI's time in view
@@ -325,6 +327,7 @@ case "${1:-}" in
       [ "$suite" -eq 0 ] && [ "$beside_status" -eq 0 ] && [ "$legs_status" -eq 0 ]
     fi
     ;;
+  battery) shift; test_suite -m battery --durations=10 "$@" ;;
   lint) default_environment && lint ;;
   leg) default_environment && leg "${2:?usage: ./dev.sh leg RELEASE, e.g. 2.15.0}" ;;
   bench) shift; bench "$@" ;;
@@ -335,5 +338,5 @@ case "${1:-}" in
   bench-embedder) shift; bench_embedder "$@" ;;
   bench-real-decoder) shift; bench_real_decoder "$@" ;;
   bench-battery) shift; bench_battery "$@" ;;
-  *) echo "usage: ./dev.sh demo | test [pytest args] | lint | leg RELEASE | bench [benchmark args] | bench-build [benchmark args] | bench-decode [benchmark args] | bench-per-call [benchmark args] | bench-fork [benchmark args] | bench-embedder [benchmark args] | bench-real-decoder [benchmark args] | bench-battery [benchmark args]" >&2; exit 2 ;;
+  *) echo "usage: ./dev.sh demo | test [pytest args] | battery [pytest args] | lint | leg RELEASE | bench [benchmark args] | bench-build [benchmark args] | bench-decode [benchmark args] | bench-per-call [benchmark args] | bench-fork [benchmark args] | bench-embedder [benchmark args] | bench-real-decoder [benchmark args] | bench-battery [benchmark args]" >&2; exit 2 ;;
 esac

@@ -13,6 +13,10 @@ Architectures torch cannot capture are built alone and must fail with their
 recorded reason. `docs/battery.md` is generated from these results
 (`HATCH_PRECOMPILE_UPDATE_DOCS=1`), and the test fails when its table no longer
 says what the battery found.
+
+The tests of the two wheels are marked `battery`: `./dev.sh battery` runs them,
+CI's `./dev.sh test` does not (their builds were half of one of its three lines,
+and CI's budget is 20 minutes); the refusals run in CI.
 """
 
 from __future__ import annotations
@@ -142,6 +146,7 @@ def form(loaded: str) -> str:
     return "lean" if loaded.endswith(".py>") else "cpp" if loaded.endswith(".so>") else "artifact"
 
 
+@pytest.mark.battery
 def test_every_architecture_and_option_matches_eager_in_the_form_it_loads_in(battery: Battery, tmp_path: Path) -> None:
     report = compare(battery.env, tmp_path, BUILT)
     imported = report.pop("compiler modules imported")
@@ -158,6 +163,7 @@ def test_every_architecture_and_option_matches_eager_in_the_form_it_loads_in(bat
     assert summary_rows(DOCS.read_text(encoding="utf-8")) == summary_rows(render(results)), "docs/battery.md no longer says what the battery found: rerun with HATCH_PRECOMPILE_UPDATE_DOCS=1"
 
 
+@pytest.mark.battery
 def test_a_model_whose_cpp_form_is_refused_ships_lean_and_the_build_says_why_once(battery: Battery) -> None:
     """A graph calling a Python custom op (mixtral): each variant's manifest entry
     says why, the build log says it once per model, and the model loads lean (the
@@ -175,6 +181,7 @@ def test_a_model_whose_cpp_form_is_refused_ships_lean_and_the_build_says_why_onc
         assert len(said) == 1 and a.cpp_refused in said[0], said
 
 
+@pytest.mark.battery
 def test_every_architecture_and_option_matches_eager_in_the_artifact_form(battery: Battery, tmp_path: Path) -> None:
     """Every model but the int8 ones, which have no artifact form (test_int8.py checks they fall back)."""
     with_artifacts = [a for a in BUILT if not a.quantize]
@@ -184,6 +191,7 @@ def test_every_architecture_and_option_matches_eager_in_the_artifact_form(batter
     assert {form(entry["loaded"]) for entry in report.values()} == {"artifact"}
 
 
+@pytest.mark.battery
 def test_the_lean_wheel_is_abi3_and_loads_lean_on_another_python_under_pypis_build_of_the_release(battery: Battery, tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
     """The same wheel file, installed by uv on CPython 3.13 with the `torch==X` its
     metadata pins resolved from PyPI (the CUDA build), runs every lean model with
