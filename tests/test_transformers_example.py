@@ -16,7 +16,7 @@ import pytest
 
 from conftest import REPO, isolated_build, make_venv, no_compiler_env, pin_build_torch, with_find_links
 
-pytestmark = [pytest.mark.e2e, pytest.mark.after_legs]  # a project of its own: nothing of the session's but the plugin's wheel
+pytestmark = [pytest.mark.e2e, pytest.mark.standalone]  # a project of its own: nothing of the session's but the plugin's wheel
 
 # BERT at several batch sizes, GPT-2 at several batch sizes and sequence lengths
 # (both dynamic), and the Llama decoder generating transformers' own greedy tokens
