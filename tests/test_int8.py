@@ -192,6 +192,7 @@ def test_the_wheel_ships_the_lean_form_and_constants_only(int8_wheel: Path) -> N
         assert variant["lean"]["file"] == f"{name}/cpu_avx2.py"
         cosine = 0.999 if HAS_VNNI or name == "encoder" else WITHOUT_VNNI_COSINE  # the build's check ran on this CPU
         assert variant["accuracy"]["against"] == "float32 eager" and variant["accuracy"]["outputs"][0]["cosine"] > cosine
+        assert variant["accuracy"]["vnni"] is HAS_VNNI  # what explain() tells a CPU without VNNI (below)
         packed = {spec["prepack"] for spec in variant["constants"].values() if "prepack" in spec}
         assert packed == ({"onednn.qconv_prepack", "onednn.qlinear_prepack"} if name == "net" else {"onednn.qlinear_prepack"})
     # reproducible bytes: the frozen constants' declarations and the size checks' messages carry no address
@@ -251,6 +252,17 @@ def test_it_loads_lean_without_compiler_or_torchao_and_keeps_float32_accuracy(in
     range_error, weights_error = report["refused"]
     assert range_error == "model 'net', input x: dim 'batch' (dim 0) must be in [1, 16], got 17"
     assert weights_error.startswith("model 'net' is quantized to int8: its weights were compiled into it at build time")
+
+
+def test_explain_says_where_a_model_checked_with_vnni_runs_without_it() -> None:
+    from hatch_precompile.runtime import int8_without_vnni
+
+    avx2 = frozenset({"avx", "avx2", "fma3"})
+    checked_with: dict = {"accuracy": {"against": "float32 eager", "outputs": [], "vnni": True}}
+    assert "this CPU has no VNNI, where oneDNN's int8 products can saturate" in int8_without_vnni(checked_with, avx2)
+    assert int8_without_vnni(checked_with, avx2 | {"avx512_vnni"}) == int8_without_vnni(checked_with, avx2 | {"avx_vnni"}) == ""
+    checked_without: dict = {"accuracy": {**checked_with["accuracy"], "vnni": False}}  # the build saw this path itself
+    assert int8_without_vnni(checked_without, avx2) == int8_without_vnni({"accuracy": {}}, avx2) == ""
 
 
 def test_without_its_lean_form_it_falls_back_and_says_why(int8_venv: Venv, tmp_path: Path) -> None:

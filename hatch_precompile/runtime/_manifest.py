@@ -92,6 +92,11 @@ def cpu_features() -> frozenset[str]:
     return frozenset(name for name, present in torch.cpu.get_capabilities().items() if present is True)
 
 
+# The features with which oneDNN multiplies int8 without saturating: without them it
+# adds pairs of uint8 x int8 products into 16 bits (vpmaddubsw), which saturate.
+VNNI = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
+
+
 class RunningEnvironment(TorchAndPython):
     """What the loader compares a variant with: this process's torch and Python, and its CPU."""
 

@@ -81,6 +81,7 @@ class AccuracyRecord(TypedDict):
     batches: NotRequired[list[BatchAccuracy]]  # int8 with `calibration`: the batches it was also checked on
     calls: NotRequired[list[list[OutputAccuracy]]]  # weight-only with state: each call after the first, against float32
     token_agreement: NotRequired[TokenAgreement]
+    vnni: NotRequired[bool]  # int8: whether the CPU it was checked on had VNNI (`_manifest.VNNI`), where int8 products do not saturate
 
 
 class TokenAgreement(TypedDict):

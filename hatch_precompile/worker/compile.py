@@ -37,7 +37,7 @@ from ..runtime._choice import FORMS as LOADED_FORMS  # what a variant ships, rea
 from ..runtime._frozen_tensors import rebuild_constants
 from ..runtime._layout import KERNELS_DIR, artifact_file, constants_file, kernel_file
 from ..runtime._lean import make_runner
-from ..runtime._manifest import cpu_features
+from ..runtime._manifest import VNNI, cpu_features
 from ..runtime._schema import ArtifactEntry, BatchAccuracy, ModelEntry, OutputLeaf, QuantizationRecord, WeightsEntry, is_lean_only
 from . import cpp_form, lean, torch_internals
 from .accuracy import EXAMPLE_INPUTS_BESIDE_CALIBRATION, SANITY_BOUNDS, check_accuracy, check_steps
@@ -154,6 +154,8 @@ def produce_artifact(
         entry["accuracy"]["batches"] = batches
     else:
         entry["accuracy"] = check_accuracy(model, outputs, captured.eager_outputs, captured.reference_outputs)
+    if model.quantize == "int8":  # explain() says so where it runs without VNNI and this check had it
+        entry["accuracy"]["vnni"] = bool(VNNI & cpu_features())
     steps = []
     for call in calls[1:]:
         with torch.no_grad():
