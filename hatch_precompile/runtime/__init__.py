@@ -171,7 +171,8 @@ def explain(name: str | None = None) -> str:
     manifest = read_manifest()
     if manifest is None:
         return f"no compiled models: no manifest.json next to {__file__.rsplit('/', 1)[0]} (source checkout, editable install or --no-hooks wheel)"
-    lines = []
+    lines: list[str] = []
+    features = cpu_features()
     for each in [name] if name is not None else sorted(manifest["models"]):
         how = plan(each, manifest)
         if how.entry is None or not how.choices:
@@ -185,7 +186,7 @@ def explain(name: str | None = None) -> str:
         op_libraries = how.entry["op_libraries"]
         if op_libraries:
             line += f", after importing {', '.join(sorted(set(op_libraries.values())))} (custom ops {', '.join(op_libraries)})"
-        lines.append(line + slow_precision(how.entry["dtype"], cpu_features()) + int8_without_vnni(how.choices[0].artifact, cpu_features()))
+        lines.append(line + slow_precision(how.entry["dtype"], features) + int8_without_vnni(how.choices[0].artifact, features))
     return "\n".join(lines)
 
 
