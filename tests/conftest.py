@@ -183,7 +183,6 @@ def reseal(manifest_path: Path, manifest: dict) -> None:
 
 
 DEFAULT_RELEASE = "2.13.0"  # this repository's default torch (dev.sh's DEFAULT_TORCH), which the example pins
-NEWEST_RELEASE = "2.15.0"  # the newest supported release (the last of dev.sh's OTHER_RELEASES)
 
 
 def release_under_test() -> str:

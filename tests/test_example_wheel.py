@@ -30,10 +30,8 @@ from conftest import (
     ExampleBuild,
     Venv,
     assert_said_plainly,
-    isolated_build,
     no_compiler_env,
     on_a_release_leg,
-    pin_build_torch,
     run,
     session_compiler_outputs,
     sharing_compiler_outputs,
@@ -353,32 +351,6 @@ def test_editable_install_falls_back_to_eager(torch_venv: Venv, wheelhouse: Path
     assert count == "1" and "no compiled artifacts next to" in message and str(project) in message
 
 
-def test_hatch_build_uses_the_pinned_torch_and_compiles_and_ends_a_mistake_with_its_message(wheelhouse: Path, tmp_path: Path) -> None:
-    hatch = shutil.which("hatch", path=str(Path(sys.executable).parent))
-    if hatch is None:
-        pytest.fail("the `hatch` CLI is missing: install the test extra (pip install -e '.[test]')")
-    project = tmp_path / "example_project"
-    shutil.copytree(EXAMPLE, project, ignore=shutil.ignore_patterns("dist", "__pycache__"))
-    env = with_find_links(wheelhouse)
-    env["HATCH_DATA_DIR"] = str(tmp_path / "hatch-data")
-    result = run([hatch, "build", "--target", "wheel"], cwd=project, env=env)
-    (wheel,) = (project / "dist").glob("*.whl")
-    with zipfile.ZipFile(wheel) as archive:
-        manifest = json.loads(archive.read(PRECOMPILED + "manifest.json"))
-        requires = _metadata(archive.read("example_pkg-0.1.0.dist-info/METADATA").decode())
-    assert manifest["models"]["encoder"]["artifacts"][0]["built_with"]["torch"] == torch.__version__
-    assert TORCH_PIN in requires
-    assert "precompile: encoder: done in" in result.stderr + result.stdout
-
-    # A mistake in the table ends `hatch build` (in the build environment hatch just made) with the message alone.
-    pyproject = project / "pyproject.toml"
-    pyproject.write_text(pyproject.read_text().replace("[tool.hatch.build.hooks.precompile]", "[tool.hatch.build.hooks.precompile]\njobs = 0"))
-    failed = run([hatch, "build", "--target", "wheel"], cwd=project, env=env, check=False)
-    assert failed.returncode != 0
-    assert "tool.hatch.build.hooks.precompile.jobs: expected an integer >= 1, found 0" in failed.stderr + failed.stdout
-    assert_said_plainly(failed.stdout + failed.stderr)
-
-
 def test_the_wheel_passes_check_wheel_contents_and_twine_check(example_build: ExampleBuild) -> None:
     bin_dir = Path(sys.executable).parent
     contents = run([str(bin_dir / "check-wheel-contents"), str(example_build.wheel)], check=False)
@@ -388,37 +360,57 @@ def test_the_wheel_passes_check_wheel_contents_and_twine_check(example_build: Ex
     assert twine.returncode == 0, twine.stdout + twine.stderr
 
 
-def test_builds_from_other_folders_and_from_the_sdist_by_pip_give_byte_identical_wheels(example_build: ExampleBuild, wheelhouse: Path, tmp_path: Path) -> None:
-    """Reproducible wheels: a direct wheel build of the project from another folder,
-    and pip's build of the sdist, both equal the session's sdist -> wheel build to
-    the byte: no build path, temporary folder or compile time is recorded. The
-    direct build compiles afresh (no artifact in its build cache), in another
-    folder and another isolated build environment, with torch elsewhere, than the
-    session's, and with the session's precompiled header and CPU probes: it
-    finds the header the session's build made and builds the same kernels with
-    it (the header is named by what decides its bytes, not by torch's folder).
-    pip's build then takes its artifacts from that cache, which is what its own
-    compile would give; it runs without isolation, in this environment (its
-    hatchling, torch and this checkout's hook): pip's own isolated environment
-    would unpack torch again, 45 CPU-s for what the direct build already shows."""
+def test_hatch_build_elsewhere_compiles_afresh_and_pip_from_the_sdist_gives_byte_identical_wheels(example_build: ExampleBuild, wheelhouse: Path, tmp_path: Path) -> None:
+    """`hatch build` as its users run it, and reproducible wheels. hatch builds the
+    project from another folder, in the build environment it makes (torch
+    elsewhere than the session's), with the pinned torch, and compiles afresh
+    (no artifact in its build cache) with the session's precompiled header and
+    CPU probes: it finds the header the session's build made and builds the same
+    kernels with it (the header is named by what decides its bytes, not by
+    torch's folder). pip's build of the sdist then takes its artifacts from that
+    cache, which is what its own compile would give; it runs without isolation,
+    in this environment (its hatchling and this checkout's hook), where pip's own
+    isolated environment would unpack torch again (45 CPU-s) for what hatch's
+    already shows. Both wheels equal the session's sdist -> wheel build (python
+    -m build, isolated) to the byte: no build path, temporary folder, frontend or
+    compile time is recorded. Then a mistake in the table ends `hatch build` with
+    the message alone."""
+    hatch = shutil.which("hatch", path=str(Path(sys.executable).parent))
+    if hatch is None:
+        pytest.fail("the `hatch` CLI is missing: install the test extra (pip install -e '.[test]')")
     headers = session_compiler_outputs() / "headers"
     made = sorted(headers.glob("*.gch"))
     assert made, "the session's build kept no precompiled header in the build cache"
     cold = {**os.environ, "HATCH_PRECOMPILE_BUILD_CACHE": str(sharing_compiler_outputs(tmp_path / "empty-cache"))}
     project = tmp_path / "elsewhere" / "example_project"
     shutil.copytree(EXAMPLE, project, ignore=shutil.ignore_patterns("dist", "__pycache__"))
-    pin_build_torch(project / "pyproject.toml")
-    isolated_build("--wheel", "--outdir", str(tmp_path / "direct"), str(project), env=with_find_links(wheelhouse, base=cold))
-    assert sorted(headers.glob("*.gch")) == made, "the other build environment built a header of its own"
+    env = {**with_find_links(wheelhouse, base=cold), "HATCH_DATA_DIR": str(tmp_path / "hatch-data")}
+    result = run([hatch, "build", "--target", "wheel"], cwd=project, env=env)
+    (hatch_wheel,) = (project / "dist").glob("*.whl")
+    with zipfile.ZipFile(hatch_wheel) as archive:
+        manifest = json.loads(archive.read(PRECOMPILED + "manifest.json"))
+        requires = _metadata(archive.read("example_pkg-0.1.0.dist-info/METADATA").decode())
+    assert manifest["models"]["encoder"]["artifacts"][0]["built_with"]["torch"] == torch.__version__
+    assert TORCH_PIN in requires
+    assert "precompile: 1 model(s) in" in result.stderr + result.stdout and "(1 compiled)" in result.stderr + result.stdout
+    assert sorted(headers.glob("*.gch")) == made, "hatch's build environment built a header of its own"
     assert not list(headers.glob("tmp*")), "scratch left in the header folder"
     run(
         [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q", "-w", str(tmp_path / "pip"), str(example_build.sdist)],
         env=cold,
     )
-    for folder in ("direct", "pip"):
-        (wheel,) = (tmp_path / folder).glob("*.whl")
+    (pip_wheel,) = (tmp_path / "pip").glob("*.whl")
+    for built_by, wheel in (("hatch", hatch_wheel), ("pip", pip_wheel)):
         with zipfile.ZipFile(wheel) as built, zipfile.ZipFile(example_build.wheel) as reference:
             assert built.namelist() == reference.namelist()
             differing = [name for name in reference.namelist() if built.read(name) != reference.read(name)]
-        assert differing == [], (folder, differing)
-        assert wheel.read_bytes() == example_build.wheel.read_bytes(), folder
+        assert differing == [], (built_by, differing)
+        assert wheel.read_bytes() == example_build.wheel.read_bytes(), built_by
+
+    # A mistake in the table ends `hatch build` (in the build environment hatch just made) with the message alone.
+    pyproject = project / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace("[tool.hatch.build.hooks.precompile]", "[tool.hatch.build.hooks.precompile]\njobs = 0"))
+    failed = run([hatch, "build", "--target", "wheel"], cwd=project, env=env, check=False)
+    assert failed.returncode != 0
+    assert "tool.hatch.build.hooks.precompile.jobs: expected an integer >= 1, found 0" in failed.stderr + failed.stdout
+    assert_said_plainly(failed.stdout + failed.stderr)

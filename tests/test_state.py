@@ -15,20 +15,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import NEWEST_RELEASE, REPO, Venv, build_wheel, deploy, no_compiler_env, on_a_release_leg, release_under_test, write_project
+from conftest import REPO, Venv, build_wheel, deploy, no_compiler_env, on_a_release_leg, write_project
 
 pytestmark = [pytest.mark.e2e, pytest.mark.standalone]
 
 MODELS = (REPO / "tests" / "stateful" / "models.py").read_text()
 LM_DIMS = 'dims = { seq = { min = 1, max = 48, axes = ["input_ids:1", "cache_position:0"] } }'
 # A release leg (another torch) runs only the release-marked tests: it builds our
-# decoder, and on the newest release's leg Llama too (transformers' static-cache
-# wrapper, captured strictly where the non-strict capture fails: 60 CPU-s of a
-# leg's 300, so the release between the default and the newest has our decoder
-# alone); Qwen3 (Llama's layout with q/k norms), GPT-2 (learned positions,
-# Conv1D) and the counter are checked on the default release.
+# decoder and Llama (transformers' static-cache wrapper, captured strictly where
+# the non-strict capture fails); Qwen3 (Llama's layout with q/k norms), GPT-2
+# (learned positions, Conv1D) and the counter are checked on the default release.
 ON_A_LEG = on_a_release_leg()
-LMS = ("llama", "qwen3", "gpt2") if not ON_A_LEG else ("llama",) if release_under_test() == NEWEST_RELEASE else ()
+LMS = ("llama",) if ON_A_LEG else ("llama", "qwen3", "gpt2")
 # The decoder and Llama run in the C++ form (the release legs cover it), the others in the lean form.
 CPP_FORM = "cpp-form = true"
 COUNTER = """
@@ -127,7 +125,8 @@ def generated(state_venv: Venv, tmp_path_factory: pytest.TempPathFactory) -> dic
 def test_the_decoder_generates_eagers_tokens_from_the_wheel(generated: dict) -> None:
     assert generated["modules"] == []  # no compiler, and no transformers: the wheel needs neither
     assert "(C++ form)" in generated["explain"]["decoder"], generated["explain"]
-    assert all(("(C++ form)" if name == "llama" else "(lean form)") in generated["explain"][name] for name in LMS), generated["explain"]
+    assert "(C++ form)" in generated["explain"]["llama"], generated["explain"]
+    assert all("(lean form)" in generated["explain"][name] for name in LMS if name != "llama"), generated["explain"]
     for run, (batch, _, new) in zip(generated["decoder"], DECODER_RUNS):
         assert run["equal"] and run["shape"] == [batch, new], generated["decoder"]
         assert run["state"] < 1e-4, generated["decoder"]  # the cache holds eager's keys and values
@@ -243,8 +242,6 @@ def _transformers_tokens(name: str, prompt: torch.Tensor, new: int) -> list[list
 
 @pytest.mark.release
 def test_transformers_decoders_generate_transformers_tokens(generated: dict, state_wheel: Path) -> None:
-    if not LMS:
-        pytest.skip(f"transformers' decoders are checked on torch {NEWEST_RELEASE}'s leg and the default release, not on {release_under_test()}'s")
     for name in LMS:
         assert ("(C++ form)" if name == "llama" else "(lean form)") in generated["explain"][name], generated["explain"]
         prompts = {length: torch.randint(0, 256, (1, length), generator=torch.Generator().manual_seed(length)) for length in LM_PROMPTS}
