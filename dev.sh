@@ -66,6 +66,11 @@ leg_environment() {  # $VENV for $TORCH_REQUIREMENT, by uv (from .venv's test ex
   .venv/bin/uv pip install --quiet --python "$VENV/bin/python" "$TORCH_REQUIREMENT" -e '.[test]'
 }
 
+bytecode_in_uv_cache() {  # bytecode_in_uv_cache <venv>: torch's and inductor's bytecode, compiled
+  # once into uv's cache, reaches every environment the tests make from it (see the script)
+  "$1/bin/python" scripts/bytecode_in_uv_cache.py "$(.venv/bin/uv cache dir)"
+}
+
 build_example_wheel() {  # build_example_wheel <project folder>: its wheel into $DEMO/dist
   # python -m build with isolation, as a user would, from a copy whose build
   # requirement pins the torch in use; hatch-precompile comes from $DEMO/wheelhouse.
@@ -272,6 +277,7 @@ leg() {  # leg <release> [pytest args]: the release-marked tests under torch==<r
   echo "== release leg: torch==$release"
   export PIP_CONSTRAINT=/dev/null  # this project's machines cap torch below the newer releases
   TORCH_REQUIREMENT="torch==$release" VENV="$venv" leg_environment
+  bytecode_in_uv_cache "$venv"
   "$venv/bin/python" -m pytest -m release "$@"
 }
 
@@ -284,9 +290,11 @@ case "${1:-}" in
     else
       setup
       redis_server
+      bytecode_in_uv_cache "$VENV"
       echo "== environments ready after ${SECONDS} s"
-      lint
-      echo "== lint done after ${SECONDS} s"
+      # Lint beside the tests, whose first seconds leave a core to it (mypy keeps one busy for 20 s).
+      (lint && echo "== lint done after ${SECONDS} s") >.lint.log 2>&1 &
+      linting=$!
       # The release legs run beside the default suite, which leaves a core idle
       # much of the time (installs, fresh interpreters, one-worker builds): one
       # after the other, each in its own environment (made by uv, which links
@@ -316,6 +324,9 @@ case "${1:-}" in
       echo "== standalone tests done after ${SECONDS} s"
       wait "$legs" || legs_status=$?
       echo "== release legs and after_legs tests done after ${SECONDS} s"
+      lint_status=0
+      wait "$linting" || lint_status=$?
+      cat .lint.log
       echo "== the standalone-marked tests (from .beside.log)"
       tail -n 45 .beside.log
       for release in $OTHER_RELEASES; do
@@ -324,7 +335,7 @@ case "${1:-}" in
       done
       echo "== the after_legs-marked tests (from .after-legs.log)"
       tail -n 30 .after-legs.log
-      [ "$suite" -eq 0 ] && [ "$beside_status" -eq 0 ] && [ "$legs_status" -eq 0 ]
+      [ "$suite" -eq 0 ] && [ "$beside_status" -eq 0 ] && [ "$legs_status" -eq 0 ] && [ "$lint_status" -eq 0 ]
     fi
     ;;
   battery) shift; test_suite -m battery --durations=10 "$@" ;;
