@@ -146,7 +146,12 @@ bench() {
 
 bench_per_call() {
   install_example
-  install_transformers_example
+  if [[ " $* " != *" --models "* || " $* " == *" bert"* ]]; then  # bert is measured by default
+    install_transformers_example
+  fi
+  if [[ " $* " == *" embedder"* ]]; then
+    install_minilm
+  fi
   echo "== per-call benchmark: the lean form against AOTInductor, part by part (AOTInductor compiles each model once at setup)"
   "$DEMO/venv/bin/python" benchmarks/per_call.py "$@"
 }

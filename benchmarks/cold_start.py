@@ -106,6 +106,7 @@ class Model:
     output_module: str | None  # defines them; AOTInductor's package rebuilds them only once it is imported
     features: int = 0  # > 0: the input is one float tensor [BATCH, features] instead of token ids
     dtype: str | None = None  # the precision compiled (and eager's), where not float32
+    sequence_range: tuple[int, int] | None = None  # the AOTInductor export's dynamic sequence range, as the wheel's (else static)
 
 
 MODELS = {
@@ -170,6 +171,7 @@ MODELS.update(
             library="transformers" if factory == "minilm" else None,  # the embedder returns a tensor
             output_module="transformers.modeling_outputs" if factory == "minilm" else None,
             dtype=dtype,
+            sequence_range=None if factory == "minilm" else (8, 128),
         )
         for key, factory, title, dtype, precision in (
             ("minilm", "minilm", MINILM, None, "float32"),
@@ -280,13 +282,15 @@ def load():
 
 
 def to_export():
-    # The eager module, its inputs, and every input's first dim dynamic (batch).
+    # The eager module, its inputs, and every input's first dim dynamic (batch), the second too where the wheel's is (sequence).
     import inspect
     args, kwargs = inputs()
     model = eager_module()
-    batch = torch.export.Dim("batch", min=1, max=spec["max_batch"])
+    dims = {0: torch.export.Dim("batch", min=1, max=spec["max_batch"])}
+    if spec["sequence_range"]:  # and the sequence, where the wheel's is dynamic too
+        dims[1] = torch.export.Dim("seq", min=spec["sequence_range"][0], max=spec["sequence_range"][1])
     first = next(iter(inspect.signature(model.forward).parameters))
-    return model, args, kwargs, {first: {0: batch}, **{key: {0: batch} for key in kwargs}}
+    return model, args, kwargs, {first: dims, **{key: dims for key in kwargs}}
 
 
 # The inductor options of the wheel's CPU targets (hatch_precompile.engine.targets),
