@@ -33,7 +33,7 @@ def linked_packages(cache: Path) -> list[Path]:
     site = Path(sysconfig.get_paths()["purelib"])
     cached = {_file_id(init): init.parent for init in cache.glob("archive-v0/*/*/__init__.py")}
     inits = [site / name / "__init__.py" for name in WORKER_IMPORTS]
-    return [cached[_file_id(init)] for init in inits if init.exists() and _file_id(init) in cached]
+    return [source for init in inits if init.exists() and (source := cached.get(_file_id(init)))]
 
 
 def _file_id(path: Path) -> tuple[int, int]:
