@@ -40,6 +40,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from hatch_precompile.engine.config import parse_config
 from hatch_precompile.runtime import _torch_private
+from hatch_precompile.runtime._arrays import array_kind
 from hatch_precompile.runtime._weights import safetensors_views
 from hatch_precompile.worker import torch_internals
 from hatch_precompile.worker.capture import capture
@@ -76,7 +77,7 @@ def file_mapped(path: Path, advise: bool) -> dict[str, torch.Tensor]:
         mapping = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_COPY)
     if advise:
         mapping.madvise(mmap.MADV_HUGEPAGE)
-    return safetensors_views(mapping, path)
+    return safetensors_views(mapping, path, array_kind("torch"))
 
 
 def main() -> None:

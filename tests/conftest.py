@@ -143,11 +143,16 @@ def no_compiler_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     return {**env, **extra}
 
 
-def write_project(root: Path, package: str, models: str, precompile_toml: str, *, jobs: int = 1) -> Path:
+def write_project(root: Path, package: str, models: str, precompile_toml: str, *, jobs: int = 1, cpp_form: bool = False) -> Path:
     """A src-layout project distributing `package`, whose `models.py` is `models` and
     whose pyproject.toml ends with the precompile table's body `precompile_toml`.
     Set up as the README recommends: `__init__.py` imports the loader, which no
     one has written (the build writes it), and `.gitignore` keeps it out of git.
+
+    Its models build no C++ form unless they say `cpp-form = true` (or the
+    test passes `cpp_form`): the table's `cpp-form = false`, since AOTInductor's
+    compile costs 6-25 s of CI's two cores per variant, and the tests of the
+    C++ form and the NumPy path ask for it where they need it.
 
     It builds with `jobs` workers, one unless a test is about parallel builds:
     each worker spends about 4 s of CPU importing torch and inductor before its
@@ -160,7 +165,7 @@ def write_project(root: Path, package: str, models: str, precompile_toml: str, *
     (source / "models.py").write_text(models)
     header = (
         f'[build-system]\nrequires = ["hatchling", "hatch-precompile"]\nbuild-backend = "hatchling.build"\n\n[project]\nname = "{package}"\nversion = "1.0"\n\n'
-        f"[tool.hatch.build.hooks.precompile]\njobs = {jobs}\n"
+        f"[tool.hatch.build.hooks.precompile]\njobs = {jobs}\ncpp-form = {str(cpp_form).lower()}\n"
     )
     (project / "pyproject.toml").write_text(header + textwrap.dedent(precompile_toml))
     (project / ".gitignore").write_text("_precompiled/\n")

@@ -57,6 +57,15 @@ def test_hatchlings_own_hook_keys_are_accepted() -> None:
     assert parse_config(raw).package is None
 
 
+def test_every_model_builds_the_cpp_form_unless_it_or_the_table_says_false() -> None:
+    """The C++ form is the default (it alone serves NumPy arrays without torch);
+    the table's `cpp-form` sets every model's default, a model's own wins."""
+    assert parse_config({"models": {"m": model()}}).models["m"].cpp_form is True
+    models = parse_config({"cpp-form": False, "models": {"off": model(), "on": model(**{"cpp-form": True})}}).models
+    assert (models["off"].cpp_form, models["on"].cpp_form) == (False, True)
+    assert parse_config({"models": {"m": model(**{"cpp-form": False})}}).models["m"].cpp_form is False
+
+
 def test_keyword_inputs_and_per_model_fallback() -> None:
     config = parse_config(
         {
@@ -158,6 +167,7 @@ def test_example_inputs_callable_with_dim_axes() -> None:
         ({"models": {"m": model(dtype="int8")}}, f"{T}.models.m.dtype: expected one of 'float32', 'bfloat16', 'float16', found a string 'int8'"),
         ({"models": {"m": model(**{"cpp-form": "yes"})}}, f"{T}.models.m.cpp-form: expected true or false, found a string 'yes'"),
         ({"models": {"m": model(**{"cpp-form": 1})}}, f"{T}.models.m.cpp-form: expected true or false, found an integer 1"),
+        ({"models": {"m": model()}, "cpp-form": "no"}, f"{T}.cpp-form: expected true or false, found a string 'no'"),
         ({"models": {"m": model()}, "cpu-targets": []}, f"{T}.cpu-targets: expected at least one of 'avx2', 'avx512', found []"),
         ({"models": {"m": model()}, "cpu-targets": ["avx2", "avx2"]}, f"{T}.cpu-targets: lists a target twice: ['avx2', 'avx2']"),
         ({"models": {"m": model(**{"cpu-targets": ["avx512f"]})}}, f"{T}.models.m.cpu-targets[0]: expected one of 'avx2', 'avx512', found a string 'avx512f' (did you mean 'avx512'?)"),
@@ -288,7 +298,7 @@ def test_weight_only_quantization_parses_and_its_conflicts_are_named() -> None:
 
 
 def test_the_documented_keys_are_these() -> None:
-    assert {"package", "fallback", "cpu-targets", "jobs", "remote-cache", "remote-cache-mode", "models.<name>"} == set(TABLE_KEYS)
+    assert {"package", "fallback", "cpp-form", "cpu-targets", "jobs", "remote-cache", "remote-cache-mode", "models.<name>"} == set(TABLE_KEYS)
     assert set(model_keys()) == {
         "factory", "inputs", "kwargs", "example-inputs", "example-steps", "dims", "weights", "dtype",
         "options", "fallback", "cpu-targets", "accuracy", "outputs", "quantize", "group-size", "calibration", "cpp-form",

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 
+from hatch_precompile.runtime._arrays import array_kind
 from hatch_precompile.runtime._generate import Generating, TokenChoice, probabilities
 
 from conftest import REPO
@@ -29,6 +30,8 @@ spec.loader.exec_module(models)
 
 class Eager(Generating):
     """A decoder module as a loaded model is: called without autograd, its cache reset."""
+
+    _kind = array_kind("torch")
 
     def __init__(self, module: torch.nn.Module, positions: int | None, keywords: bool = False) -> None:
         self.module, self.positions, self.keywords, self.calls = module, positions, keywords, 0

@@ -11,6 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from hatch_precompile.runtime._arrays import array_kind
 from hatch_precompile.runtime._errors import PrecompiledIntegrityError
 from hatch_precompile.runtime._weights import safetensors_views
 
@@ -34,7 +35,7 @@ def test_every_dtype_and_shape_reads_as_the_safetensors_library_reads_it(tmp_pat
     }
     path = tmp_path / "w.safetensors"
     save_file(tensors, str(path))
-    ours, theirs = safetensors_views(mapped(path), path), load_file(str(path))
+    ours, theirs = safetensors_views(mapped(path), path, array_kind("torch")), load_file(str(path))
     assert ours.keys() == theirs.keys()
     for name, tensor in theirs.items():
         assert ours[name].dtype == tensor.dtype and ours[name].shape == tensor.shape and torch.equal(ours[name], tensor), name
@@ -57,7 +58,7 @@ def test_the_builds_writer_aligns_every_tensor_and_the_library_reads_its_file(tm
     }
     path = tmp_path / "w.safetensors"
     write_aligned(tensors, path)
-    ours, theirs = safetensors_views(mapped(path), path), load_file(str(path))
+    ours, theirs = safetensors_views(mapped(path), path, array_kind("torch")), load_file(str(path))
     assert list(ours) == list(tensors) and set(theirs) - set(ours) == {n for n in theirs if n.startswith("__padding__")}
     for name, tensor in tensors.items():
         assert torch.equal(ours[name], tensor) and torch.equal(theirs[name], tensor), name
@@ -83,5 +84,5 @@ def _file(tmp_path: Path, header: dict, data: bytes) -> Path:
 def test_a_header_that_does_not_fit_is_an_integrity_error_naming_the_file(tmp_path: Path, header: dict, found: str) -> None:
     path = _file(tmp_path, header, bytes(8))
     with pytest.raises(PrecompiledIntegrityError, match="is not a safetensors file this loader can read") as raised:
-        safetensors_views(mapped(path), path)
+        safetensors_views(mapped(path), path, array_kind("torch"))
     assert str(path) in str(raised.value) and found in str(raised.value)

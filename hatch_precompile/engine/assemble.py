@@ -19,7 +19,7 @@ from packaging.version import Version
 
 from .. import __version__
 from ..runtime import MANIFEST_FORMAT
-from ..runtime._integrity import CHUNK_SIZE, ROW_SIZE, chunk_checksums, file_sha256
+from ..runtime._integrity import CHUNK_SIZE, chunk_checksums, file_sha256, numpy_row_sums
 from ..runtime._layout import BUILD_MODULE, KERNELS_DIR, MANIFEST_FILE, PRECOMPILED_DIR, kernel_file
 from ..runtime._schema import ArtifactEntry, FileDigest, ModelEntry, has_cpp_form, has_lean_form, is_lean_only
 from .native import stricter_platform
@@ -70,15 +70,7 @@ def file_record(path: Path) -> FileDigest:
 def weights_checksums(data: Any, chunk_size: int = CHUNK_SIZE) -> list[int]:
     """What the loader checks a weights file's chunks against (`runtime/_integrity.py`),
     computed with numpy, which gives the same integer sums as the loader's torch."""
-    return chunk_checksums(data, chunk_size, _numpy_row_sums)
-
-
-def _numpy_row_sums(data: Any, rows: int) -> bytes:
-    import numpy
-
-    words = numpy.frombuffer(data, dtype="<i8", count=rows * ROW_SIZE // 8)
-    sums: bytes = words.reshape(rows, ROW_SIZE // 8).sum(1, dtype="<i8").tobytes()  # wraps modulo 2**64, as torch's
-    return sums
+    return chunk_checksums(data, chunk_size, numpy_row_sums)
 
 
 def _weights_checksums(path: Path) -> list[int]:

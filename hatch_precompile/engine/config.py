@@ -39,6 +39,7 @@ REMOTE_CACHE_MODES: tuple[RemoteCacheMode, ...] = typing.get_args(RemoteCacheMod
 TABLE_KEYS = {
     "package": KeyDoc("string", "the single top-level package under `src/` or the root", "import package that receives `_precompiled/`"),
     "fallback": KeyDoc('`"eager"` \\| `"error"`', '`"eager"`', "what `load_compiled` does when no shipped artifact fits"),
+    "cpp-form": KeyDoc("boolean", "`true`", "each model's `cpp-form` unless it sets its own: `false` builds no C++ form but where a model asks for one"),
     "cpu-targets": KeyDoc(
         'array of `"avx2"`, `"avx512"`',
         '`["avx2"]`',
@@ -185,6 +186,7 @@ def parse_config(raw: dict[str, Any]) -> PrecompileConfig:
         package = check.string(package, f"{TABLE}.package", _PACKAGE_NAME, "an import package name such as 'my_pkg'")
     fallback = check.choice(raw.get("fallback", "eager"), f"{TABLE}.fallback", choices(ModelConfig, "fallback")) or "eager"
     cpu_targets = _parse_cpu_targets(check, raw.get("cpu-targets", list(DEFAULT_CPU_TARGETS)), f"{TABLE}.cpu-targets")
+    cpp_form = check.boolean(raw.get("cpp-form", True), f"{TABLE}.cpp-form")
     jobs = check.integer(raw["jobs"], f"{TABLE}.jobs", 1) if "jobs" in raw else None
     remote_cache = check.string(raw["remote-cache"], f"{TABLE}.remote-cache") if "remote-cache" in raw else None
     if remote_cache is not None and (problem := url_problem(remote_cache, from_table=True)):
@@ -201,7 +203,7 @@ def parse_config(raw: dict[str, Any]) -> PrecompileConfig:
             check.fail(path, f"model names must be Python identifiers (letters, digits, _), found {name!r}")
         model_table = check.table(raw_model, path)
         if model_table is not None:
-            model = _parse_model(check, name, model_table, path, fallback, cpu_targets)
+            model = _parse_model(check, name, model_table, path, {"fallback": fallback, "cpu_targets": cpu_targets, "cpp_form": bool(cpp_form)})
             if model is not None:
                 models[name] = model
 
@@ -218,13 +220,13 @@ def parse_config(raw: dict[str, Any]) -> PrecompileConfig:
     )
 
 
-def _parse_model(check: _Checker, name: str, raw: dict[str, Any], path: str, fallback: str, cpu_targets: tuple[str, ...]) -> ModelConfig | None:
+def _parse_model(check: _Checker, name: str, raw: dict[str, Any], path: str, table_defaults: dict[str, Any]) -> ModelConfig | None:
     """One model's table. The settings that are a choice (a `Literal` field) or an
     import path are read the same way from ModelConfig's fields; the rest below."""
     before = len(check.problems)
     settings = model_settings(ModelConfig)
     check.keys(raw, path, [setting.key for setting in settings.values()])
-    values: dict[str, Any] = {"fallback": fallback, "cpu_targets": cpu_targets}  # the table's, unless the model sets its own
+    values: dict[str, Any] = dict(table_defaults)  # the table's, unless the model sets its own
     for field_name, setting in settings.items():
         if setting.key not in raw:
             continue

@@ -284,14 +284,15 @@ class ModelConfig:
     )
 
     cpp_form: bool = field(
-        default=False,
+        default=True,
         metadata=setting(
             "cpp-form",
             BOOLEAN,
-            "`false`",
-            "`true`: also compile each variant's graph as C++, into one library per variant (AOTInductor's model container, "
-            "weights bound from the weights file at load), which `load_compiled` then loads first: each call crosses into C++ once "
-            "(see [The C++ form](#the-c-form)); adds a compile of 6-25 s per variant",
+            "`true` (the table's `cpp-form`)",
+            "also compile each variant's graph as C++, into one library per variant (AOTInductor's model container, "
+            "weights bound from the weights file at load), which `load_compiled` then loads first: each call crosses into C++ once, "
+            'and it alone runs on NumPy arrays without torch (`arrays="numpy"`; see [The C++ form](#the-c-form)); '
+            "adds a compile of 6-25 s per variant; `false` leaves it out",
             compiled=True,
             keyed=True,
         ),

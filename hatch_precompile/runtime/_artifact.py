@@ -12,9 +12,10 @@ import contextlib
 from collections.abc import Iterator
 
 from . import _torch_private
+from ._arrays import ArrayKind
 from ._cache import inductor_cache_in, private_cache_dir
 from ._errors import PrecompiledIntegrityError
-from ._graph import PositionalGraph
+from ._graph import PositionalGraph, torch_only
 from ._integrity import verified_bytes, verified_kernels
 from ._manifest import HERE, release
 from ._schema import ArtifactEntry, BuiltWith, ModelEntry, TorchAndPython, is_lean_only
@@ -46,7 +47,11 @@ def problems(built: BuiltWith, here: TorchAndPython) -> list[str]:
     return found
 
 
-def load(name: str, model: ModelEntry, artifact: ArtifactEntry) -> PositionalGraph:
+def serves(model: ModelEntry, artifact: ArtifactEntry, arrays: str) -> str:
+    return torch_only(arrays)
+
+
+def load(name: str, model: ModelEntry, artifact: ArtifactEntry, kind: ArrayKind) -> PositionalGraph:
     """Verify an artifact and its kernels, then unpickle it with the shipped kernels;
     returns its graph, which takes the weights, then the user inputs."""
     data = verified_bytes(artifact)

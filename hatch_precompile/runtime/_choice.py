@@ -4,10 +4,11 @@ Everything here decides from the manifest and this process alone: nothing is
 unpickled and no native code is loaded for a variant that does not fit.
 
 A form is one module (`_cpp.py`, `_lean.py`, `_artifact.py`) with the interface
-`_graph.Form`: what the build shipped of it, what it needs of the process, and
-its `load`. `FORMS` lists them, preferred first; a variant loads in the first
-form the build shipped that fits this process (`HATCH_PRECOMPILE_FORM` may name
-one). A new form is a new module and a line here.
+`_graph.Form`: what the build shipped of it, what it needs of the process, which
+kind of array it serves, and its `load`. `FORMS` lists them, preferred first; a
+variant loads in the first form the build shipped that fits this process and
+the caller's arrays (`HATCH_PRECOMPILE_FORM` may name one). A new form is a new
+module and a line here. Nothing here imports torch: the NumPy path plans too.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 from . import _artifact, _cpp, _lean
 from ._graph import Form
-from ._manifest import CPU_TARGET_VARIABLE, HERE, MANIFEST, aten_level, model_from_source_config, native_problems, read_manifest, running_environment, torch_and_python
+from ._manifest import CPU_TARGET_VARIABLE, HERE, MANIFEST, TorchMissing, aten_level, model_from_source_config, native_problems, read_manifest, release, running_environment, torch_and_python
 from ._schema import ArtifactEntry, BuiltWith, Manifest, ModelEntry, SourceModel, TorchAndPython
 
 FORMS: dict[str, Form] = {_cpp.NAME: _cpp, _lean.NAME: _lean, _artifact.NAME: _artifact}  # preferred first
@@ -30,6 +31,7 @@ class Choice:
 
     artifact: ArtifactEntry
     form: str
+    arrays: str = "torch"  # the kind of array the caller holds: "torch" or "numpy"
 
     @property
     def file(self) -> str:
@@ -51,7 +53,8 @@ class Plan:
     reason: str
 
 
-def plan(name: str, manifest: Manifest | None = None) -> Plan:
+def plan(name: str, manifest: Manifest | None = None, arrays: str = "torch") -> Plan:
+    """What loading `name` would do for a caller holding `arrays`."""
     manifest = manifest or read_manifest()
     if manifest is None:
         reason = f"no compiled artifacts next to {HERE} (a source checkout, an editable install, or a wheel built without the precompile hook)"
@@ -60,7 +63,11 @@ def plan(name: str, manifest: Manifest | None = None) -> Plan:
     if model is None:
         known = ", ".join(sorted(manifest["models"])) or "none"
         raise KeyError(f"no model named {name!r} in {MANIFEST} (models: {known})")
-    choices, reason = _choose(model)
+    try:
+        choices, reason = _choose(model, arrays)
+    except TorchMissing as error:
+        built = release(model["artifacts"][0]["built_with"]["torch"])
+        return Plan(model, model, [], f"{error}: this package's compiled models run on torch {built}'s libraries (pip install torch=={built})")
     return Plan(model, model, choices, reason)
 
 
@@ -71,7 +78,7 @@ def requested_form() -> str:
     return form
 
 
-def _choose(model: ModelEntry) -> tuple[list[Choice], str]:
+def _choose(model: ModelEntry, arrays: str) -> tuple[list[Choice], str]:
     """The variants (every shape) of the best CPU target this process can run, each
     in the form to load, or none and why none fits.
 
@@ -99,11 +106,11 @@ def _choose(model: ModelEntry) -> tuple[list[Choice], str]:
         problems += native_problems(first["native"])
         if not problems:
             forms = form_problems(built, here)
-            chosen = [form_for(artifact, forms) for artifact in artifacts]
-            choices = [Choice(artifact, how) for artifact, how in zip(artifacts, chosen) if how is not None]
+            chosen = [form_for(model, artifact, forms, arrays) for artifact in artifacts]
+            choices = [Choice(artifact, how, arrays) for artifact, how in zip(artifacts, chosen) if how is not None]
             if len(choices) == len(artifacts):
                 return choices, ""
-            problems.append(_none_fits(artifacts[chosen.index(None)], forms))
+            problems.append(_none_fits(model, artifacts[chosen.index(None)], forms, arrays))
         reasons.append(
             f"{first['file']} was built with torch {built['torch']} ({built['torch_git'][:12]}) on cp{built['python'].replace('.', '')} {built['platform']} for {target}: " + ", ".join(problems)
         )
@@ -120,28 +127,31 @@ def form_problems(built: BuiltWith, here: TorchAndPython) -> dict[str, list[str]
     return {name: ([f"{FORM_VARIABLE}={requested}"] if requested not in ("auto", name) else []) + form.problems(built, here) for name, form in FORMS.items()}
 
 
-def form_for(artifact: ArtifactEntry, forms: dict[str, list[str]], after: str | None = None) -> str | None:
-    """The first form the build shipped for this variant that fits here (after
-    the form `after`, in `FORMS`' order, where given), if any."""
+def form_for(model: ModelEntry, artifact: ArtifactEntry, forms: dict[str, list[str]], arrays: str, after: str | None = None) -> str | None:
+    """The first form the build shipped for this variant that fits here and
+    serves `arrays` (after the form `after`, in `FORMS`' order, where given), if any."""
     names = list(FORMS)
     candidates = names[names.index(after) + 1 :] if after is not None else names
-    return next((name for name in candidates if FORMS[name].shipped(artifact) and not forms[name]), None)
+    return next((name for name in candidates if FORMS[name].shipped(artifact) and not forms[name] and not FORMS[name].serves(model, artifact, arrays)), None)
 
 
-def next_form(choice: Choice) -> Choice | None:
+def next_form(model: ModelEntry, choice: Choice) -> Choice | None:
     """The form a variant loads in when its chosen form failed to load here: the
     first after it (in `FORMS`' order) that the build shipped and that fits."""
-    form = form_for(choice.artifact, form_problems(choice.artifact["built_with"], torch_and_python()), after=choice.form)
-    return None if form is None else Choice(choice.artifact, form)
+    form = form_for(model, choice.artifact, form_problems(choice.artifact["built_with"], torch_and_python()), choice.arrays, after=choice.form)
+    return None if form is None else Choice(choice.artifact, form, choice.arrays)
 
 
-def _none_fits(artifact: ArtifactEntry, forms: dict[str, list[str]]) -> str:
-    """Why no form of this variant fits, form by form (those the model was built with)."""
+def _none_fits(model: ModelEntry, artifact: ArtifactEntry, forms: dict[str, list[str]], arrays: str) -> str:
+    """Why no form of this variant fits, form by form (those the model was built
+    with, and for NumPy arrays the C++ form, which alone serves them)."""
     said = []
     for name, form in FORMS.items():
-        refused = form.refused(artifact)
-        if form.shipped(artifact) or refused:
-            why = ", ".join(forms[name]) or f"the build refused it for {artifact['file']}: {refused}"
+        refused, serves = form.refused(artifact), form.serves(model, artifact, arrays)
+        if form.shipped(artifact):
+            said.append(f"the {form.TITLE}: {', '.join(forms[name]) or serves}")
+        elif refused or serves:
+            why = serves or f"the build refused it for {artifact['file']}: {refused}"
             said.append(f"the {form.TITLE}: {why}")
     return "; ".join(said)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from ._arrays import ArrayKind
 from ._schema import CallInputs, DimRecord, InputLeaf, TreeSpec
 
 
@@ -24,22 +25,19 @@ class CallContract:
     copies a view into the layout compiled for. The fast path only ever
     decides that nothing differs."""
 
-    def __init__(self, name: str, inputs: CallInputs, dims: dict[str, DimRecord]) -> None:
-        import torch
-
-        self.name, self._inputs, self._dims = name, inputs, dims
+    def __init__(self, name: str, inputs: CallInputs, dims: dict[str, DimRecord], kind: ArrayKind) -> None:
+        self.name, self._inputs, self._dims, self._kind = name, inputs, dims, kind
         arg_spec, kwarg_spec = inputs["tree"]["children"]
         self._arity, self._keys = len(arg_spec["children"]), kwarg_spec.get("keys", [])
         self._keyword_constants = {leaf["name"]: leaf["value"] for leaf in inputs["leaves"] if "value" in leaf and leaf["name"] in self._keys}
         self._bounds = {dim: (record["min"], record["max"]) for dim, record in dims.items()}
-        self._tensor_type = torch.Tensor
         self._tensors = [
             (
                 index,
-                getattr(torch, leaf["dtype"]),
+                kind.dtype(leaf["dtype"]),
                 tuple(leaf["shape"]),
                 leaf.get("below"),
-                torch.channels_last if leaf.get("layout") == "channels_last" else torch.contiguous_format,
+                kind.layout(leaf.get("layout")),
                 f"model {name!r}, input {leaf['name']}",  # what an index error names
             )
             for index, leaf in enumerate(inputs["leaves"])
@@ -48,6 +46,11 @@ class CallContract:
         self._constants = [(index, leaf["value"]) for index, leaf in enumerate(inputs["leaves"]) if "value" in leaf]
         flat = all(child["type"] == "leaf" for child in [*arg_spec["children"], *kwarg_spec["children"]])
         self._fast = flat and len(self._tensors) + len(self._constants) == len(inputs["leaves"])
+
+    @property
+    def tree(self) -> TreeSpec:
+        """The call's (args, kwargs) structure."""
+        return self._inputs["tree"]
 
     def accept(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], list[Any], dict[str, int]]:
         """A call's flat inputs as given, the same in the layouts compiled for
@@ -64,18 +67,19 @@ class CallContract:
             if sizes is not None:
                 return given, given, sizes
         given = flatten_call(self.name, self._inputs["tree"], args, kwargs)
-        sizes = check_inputs(self.name, self._inputs["leaves"], self._dims, given)
-        return given, conform_layouts(self._inputs["leaves"], given), sizes
+        sizes = check_inputs(self.name, self._inputs["leaves"], self._dims, given, self._kind)
+        return given, conform_layouts(self._inputs["leaves"], given, self._kind), sizes
 
     def _sizes(self, given: list[Any]) -> dict[str, int] | None:
         """The dims' sizes where every input meets its spec as compiled, else None."""
         sizes: dict[str, int] = {}
+        fits, has_values = self._kind.fits, self._kind.has_values
         for index, dtype, shape, below, layout, where in self._tensors:
             value = given[index]
-            if not isinstance(value, self._tensor_type) or value.dtype is not dtype or not value.is_cpu:
+            if not fits(value, dtype, layout):
                 return None
             got = value.shape
-            if len(got) != len(shape) or not value.is_contiguous(memory_format=layout):
+            if len(got) != len(shape):
                 return None
             for want, size in zip(shape, got):
                 if isinstance(want, int):
@@ -89,8 +93,8 @@ class CallContract:
                     if not low <= size <= high:
                         return None
                     sizes[want] = size
-            if below is not None and value.numel():
-                _check_index_values(where, value, below)
+            if below is not None and has_values(value):
+                _check_index_values(where, value, below, self._kind)
         for index, constant in self._constants:
             if type(given[index]) is not type(constant) or given[index] != constant:
                 return None
@@ -128,10 +132,8 @@ def _flatten(name: str, value: Any, spec: TreeSpec, path: str, leaves: list[Any]
             _flatten(name, item, child, f"{path}[{i}]", leaves)
 
 
-def check_inputs(name: str, specs: list[InputLeaf], dims: dict[str, DimRecord], values: list[Any]) -> dict[str, int]:
+def check_inputs(name: str, specs: list[InputLeaf], dims: dict[str, DimRecord], values: list[Any], kind: ArrayKind) -> dict[str, int]:
     """Check each flat input against its spec; return the size of each dim."""
-    import torch
-
     sizes: dict[str, tuple[int, str]] = {}
     for spec, value in zip(specs, values):
         where = f"model {name!r}, input {spec['name']}"
@@ -139,14 +141,15 @@ def check_inputs(name: str, specs: list[InputLeaf], dims: dict[str, DimRecord], 
             if value != spec["value"] or type(value) is not type(spec["value"]):
                 raise ValueError(f"{where}: compiled for the constant {spec['value']!r}, got {value!r}")
             continue
-        if not isinstance(value, torch.Tensor):
-            raise ValueError(f"{where}: expected a tensor, got {type(value).__name__}")
-        if str(value.dtype) != f"torch.{spec['dtype']}":
-            raise ValueError(f"{where}: expected dtype {spec['dtype']}, got {str(value.dtype).removeprefix('torch.')}")
-        if value.device.type != spec["device"]:
+        if not isinstance(value, kind.array_type):
+            raise ValueError(f"{where}: expected {kind.WHAT}, got {type(value).__name__}")
+        problem = kind.dtype_problem(value, spec["dtype"])
+        if problem:
+            raise ValueError(f"{where}: {problem}")
+        if kind.device(value) != spec["device"]:
             raise ValueError(f"{where}: expected a tensor on {spec['device']}, got one on {value.device}")
         shape = spec["shape"]
-        if value.dim() != len(shape):
+        if value.ndim != len(shape):
             raise ValueError(f"{where}: expected {len(shape)} dimensions {shape}, got shape {list(value.shape)}")
         for axis, (want, got) in enumerate(zip(shape, value.shape)):
             if isinstance(want, int):
@@ -159,19 +162,17 @@ def check_inputs(name: str, specs: list[InputLeaf], dims: dict[str, DimRecord], 
             first = sizes.setdefault(want, (got, spec["name"]))
             if first[0] != got:
                 raise ValueError(f"{where}: dim {want!r} is {got} here but {first[0]} in input {first[1]}")
-        if "below" in spec and value.numel():
-            _check_index_values(where, value, spec["below"])
+        if "below" in spec and kind.has_values(value):
+            _check_index_values(where, value, spec["below"], kind)
     return {dim: size for dim, (size, _) in sizes.items()}
 
 
-def _check_index_values(where: str, value: Any, below: int) -> None:
+def _check_index_values(where: str, value: Any, below: int, kind: ArrayKind) -> None:
     """The graph indexes a size with this input's values (a token id into an
     embedding table, a position into a KV cache): compiled code checks the
     index inside a parallel loop, where a failed check ends the process, so the
     values are checked here (`worker/index_bounds.py`)."""
-    import torch
-
-    low, high = (bound.item() for bound in torch.aminmax(value))
+    low, high = kind.value_range(value)
     if low < 0 or high >= below:
         raise IndexError(
             f"{where}: holds {low}..{high}, but the model indexes a size of {below} with it, so its values must be in "
@@ -179,23 +180,15 @@ def _check_index_values(where: str, value: Any, below: int) -> None:
         )
 
 
-def conform_layouts(specs: list[InputLeaf], values: list[Any]) -> list[Any]:
-    """The tensors in the memory layout the graph was compiled for. Compiled code
-    asserts exact strides, so a transposed, sliced or expanded view (which the
-    eager module accepts) is copied into that layout first; tensors already in it
-    pass through untouched. (Strides of size-1 dims are ignored by both
-    `is_contiguous` and the compiled code's own assertions.)"""
-    import torch
-
-    conformed = []
-    for spec, given in zip(specs, values):
-        value = given
-        if "value" not in spec:
-            layout = torch.channels_last if spec.get("layout") == "channels_last" else torch.contiguous_format
-            if not given.is_contiguous(memory_format=layout):
-                value = given.clone(memory_format=layout)
-        conformed.append(value)
-    return conformed
+def conform_layouts(specs: list[InputLeaf], values: list[Any], kind: ArrayKind) -> list[Any]:
+    """The arrays in the dtype and memory layout the graph was compiled for.
+    Compiled code asserts exact strides, so a transposed, sliced or expanded view
+    (which the eager module accepts) is copied into that layout first, as is a
+    NumPy array of another byte order, or of an integer dtype narrower than the
+    one compiled for; arrays already so pass through untouched. (Strides of
+    size-1 dims are ignored by both `is_contiguous` and the compiled code's own
+    assertions.)"""
+    return [given if "value" in spec else kind.conformed(given, spec["dtype"], kind.layout(spec.get("layout"))) for spec, given in zip(specs, values)]
 
 
 def given_back(outputs: Any, conformed: list[Any], given: list[Any]) -> Any:

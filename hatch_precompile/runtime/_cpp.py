@@ -8,6 +8,11 @@ once, where the lean form's Python wrapper makes one call per kernel and
 allocation. The weights are bound by name, without a copy, to the tensors the
 loader mapped from the weights file; a model with state gets one container per
 handle, bound to that handle's own state, which its calls update in place.
+
+It serves both kinds of array: torch tensors through torch's own runner
+(`_torch_private.load_container`), NumPy arrays through the library's C
+interface (`_container.py`) and the shim provider (`_shim.py`), with torch never
+imported. What the NumPy path cannot serve, `numpy_refusal` says.
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import _torch_private
+from . import _shim, _torch_private
+from ._arrays import ArrayKind, MissingDtypeError, numpy_dtype
+from ._container import ContainerLibrary
 from ._errors import PrecompiledIntegrityError
 from ._graph import FormUnavailable
 from ._integrity import verified_path
@@ -48,7 +55,36 @@ def problems(built: BuiltWith, here: TorchAndPython) -> list[str]:
     return found
 
 
-def load(name: str, model: ModelEntry, artifact: ArtifactEntry) -> ContainerGraph:
+def serves(model: ModelEntry, artifact: ArtifactEntry, arrays: str) -> str:
+    """Why this variant's C++ form cannot take and return `arrays` ("torch" or
+    "numpy") here; "" where it can."""
+    if arrays == "torch":
+        return ""
+    refusal = numpy_refusal(model, artifact)
+    if refusal:
+        return refusal
+    for where, leaf in [*((f"input {leaf['name']}", leaf) for leaf in model["inputs"]["leaves"]), *((f"output {i}", leaf) for i, leaf in enumerate(model["outputs"]["leaves"]))]:
+        if leaf.get("dtype") == "bfloat16":
+            try:
+                numpy_dtype("bfloat16")
+            except MissingDtypeError as error:
+                return f"its {where} is bfloat16: {error}"
+    return ""
+
+
+def numpy_refusal(model: ModelEntry, artifact: ArtifactEntry) -> str:
+    """Why the NumPy path can never run this variant, from the manifest alone
+    (`hatch-precompile inspect` says it too); "" where it can."""
+    if not has_cpp_form(artifact):
+        return f"the build refused it: {refused(artifact)}" if refused(artifact) else "none was built (cpp-form = false)"
+    if "ops" in artifact["cpp"]:
+        return "its C++ form calls ops through AOTInductor's proxy executor, which only torch's runner provides"
+    if model["weights"]["mode"] == "factory":
+        return 'its weights come from its factory (weights = "factory"), which only torch can run'
+    return ""
+
+
+def load(name: str, model: ModelEntry, artifact: ArtifactEntry, kind: ArrayKind) -> ContainerGraph | ArrayContainerGraph:
     """Verify the library, load it once (so that a library that cannot load here
     fails now, not at a handle's first call); returns the graph to bind."""
     record = artifact["cpp"]
@@ -56,10 +92,12 @@ def load(name: str, model: ModelEntry, artifact: ArtifactEntry) -> ContainerGrap
     if "ops" in record:  # the runner reads it from beside the library
         verified_path(record["ops"])
     try:
+        if kind.NAME == "numpy":
+            return ArrayContainerGraph(path, record, model)
         return ContainerGraph(path, record, model["weights"]["order"], model["inputs"]["leaves"])
     except PrecompiledIntegrityError:
         raise
-    except RuntimeError as error:
+    except (RuntimeError, OSError) as error:
         raise FormUnavailable(f"{HERE / record['file']} cannot be loaded here: {error}") from None
 
 
@@ -106,3 +144,47 @@ class ContainerGraph:
             return outputs
 
         return run_handing_back
+
+
+class ArrayContainerGraph:
+    """One variant's library on NumPy arrays: loaded through its C interface with
+    the shim provider's tensors, its first container made now (OSError where the
+    dynamic loader refuses the library); `bind` gives a function of the call's
+    flat input arrays, which returns its output arrays."""
+
+    def __init__(self, path: Path, record: CppRecord, model: ModelEntry) -> None:
+        shim = _shim.load()
+        self.path, self._library = path, ContainerLibrary(path, shim)
+        order, specs = model["weights"]["order"], model["weights"]["specs"]
+        self._constants = {constant: (order.index(weight), shim.dtype_code(specs[weight]["dtype"])) for constant, weight in record["constants"].items()}
+        leaves = model["inputs"]["leaves"]
+        self._tensors = [index for index, leaf in enumerate(leaves) if "dtype" in leaf]
+        self._codes = [shim.dtype_code(leaves[index]["dtype"]) for index in self._tensors]
+        self._outputs = [(shim.array, numpy_dtype(leaf["dtype"])) for leaf in model["outputs"]["leaves"]]
+        self._returned = record.get("returned_inputs", [])
+        self._first: Any = self._library.create()
+        unbound = sorted(set(self._first.constant_names()) - set(self._constants))
+        if unbound:
+            raise PrecompiledIntegrityError(f"{path}: the manifest binds none of its constants {', '.join(unbound)}: the library and the manifest are not of one build")
+        self._taking = threading.Lock()
+
+    def bind(self, weights: list[Any]) -> Callable[[list[Any]], Any]:
+        """A container reading its constants from `weights` (arrays, the graph's order)."""
+        import numpy
+
+        with self._taking:
+            container, self._first = self._first, None
+        if container is None:
+            container = self._library.create()
+        # Dense and aligned, as compiled: a caller's strided array is bound as a copy.
+        container.bind({constant: (numpy.require(weights[index], requirements=("C", "A")), code) for constant, (index, code) in self._constants.items()})
+        run, positions, outputs, returned = container.runner(self._codes), self._tensors, self._outputs, self._returned
+
+        def run_on(inputs: list[Any]) -> list[Any]:
+            arrays = [inputs[index] for index in positions]
+            made = [array(handle, dtype) for (array, dtype), handle in zip(outputs, run(arrays))]
+            for output, given in returned:  # the container returned a view of this input: the caller's own is handed back
+                made[output] = inputs[given]
+            return made
+
+        return run_on

@@ -9,11 +9,14 @@ each child forked from it is set to one thread as it starts (`after_in_child`),
 before it can call anything; a child forked after loading alone keeps the
 parent's thread count, since its pool starts afresh. One thread per worker is
 also how a server with as many workers as cores should run them (docs/usage.md).
+A process that ran models on NumPy arrays alone has no torch imported: its
+children get the same call from torch's library (`_shim.one_thread`).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 
 _ran = threading.Event()  # a model ran in this process, or in the one it was forked from
@@ -26,10 +29,16 @@ def note_call() -> None:
 
 
 def _one_thread_in_the_child() -> None:
-    if _ran.is_set():
+    if not _ran.is_set():
+        return
+    if "torch" in sys.modules:
         import torch
 
         torch.set_num_threads(1)
+    else:  # only NumPy arrays ran here: the same call, without torch's Python
+        from . import _shim
+
+        _shim.one_thread()
 
 
 os.register_at_fork(after_in_child=_one_thread_in_the_child)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _torch_private
+from ._arrays import array_kind
 from ._schema import ConstantSpec
 from ._weights import safetensors_views
 
@@ -27,7 +28,7 @@ def rebuild_constants(data: bytes, path: Path, specs: dict[str, ConstantSpec]) -
 
     with warnings.catch_warnings():  # views of read-only bytes: each is copied (storages) or only read (prepacks)
         warnings.filterwarnings("ignore", message="The given buffer is not writable")
-        stored = safetensors_views(data, path)
+        stored = safetensors_views(data, path, array_kind("torch"))
     storages: dict[str, Any] = {}  # each storage copied once, into memory torch allocates (aligned, writable)
     constants = {}
     for name, spec in specs.items():

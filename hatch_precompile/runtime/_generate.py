@@ -10,8 +10,12 @@ holds the rest. `CompiledModel.generate` and `.stream` run this.
 Each token is the most likely one (greedy), or is drawn as transformers'
 `generate(do_sample=True)` draws it: the logits divided by `temperature`, then
 top-k, then top-p (the smallest set of tokens whose probability reaches `top_p`,
-at least one), softmax, and one draw by `torch.multinomial`, with the caller's
-`torch.Generator` or one seeded with `seed`, so that a run can be repeated.
+at least one), softmax, and one draw, with the caller's generator or one seeded
+with `seed`, so that a run can be repeated. On torch tensors the draw is
+`torch.multinomial`'s (a `torch.Generator`), transformers' own; on NumPy arrays
+it is the inverse of the distribution at one uniform number per row from a
+`numpy.random.Generator` (NumPy has no multinomial draw over a batch of rows):
+the same distribution, from other random numbers.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
+
+from ._arrays import ArrayKind
 
 
 @dataclass(frozen=True)
@@ -29,13 +35,11 @@ class TokenChoice:
     temperature: float = 1.0
     top_k: int | None = None
     top_p: float | None = None
-    generator: Any = None  # a torch.Generator for the draws, or None: torch's global one
+    generator: Any = None  # a torch.Generator or numpy.random.Generator for the draws, or None: the global one
 
 
-def token_choice(do_sample: bool, temperature: float, top_k: int | None, top_p: float | None, generator: Any, seed: int | None) -> TokenChoice:
+def token_choice(do_sample: bool, temperature: float, top_k: int | None, top_p: float | None, generator: Any, seed: int | None, kind: ArrayKind) -> TokenChoice:
     """The checked arguments of `generate`: ValueError names the one out of range."""
-    import torch
-
     if not do_sample:
         if generator is not None or seed is not None:
             raise ValueError("generator= and seed= draw sampled tokens: pass do_sample=True, or leave them out for greedy tokens")
@@ -49,7 +53,7 @@ def token_choice(do_sample: bool, temperature: float, top_k: int | None, top_p: 
     if generator is not None and seed is not None:
         raise ValueError("pass generator= or seed=, not both")
     if seed is not None:
-        generator = torch.Generator().manual_seed(seed)
+        generator = kind.xp.Generator().manual_seed(seed) if kind.NAME == "torch" else kind.xp.random.default_rng(seed)
     return TokenChoice(True, float(temperature), top_k, top_p, generator)
 
 
@@ -68,8 +72,8 @@ def check_budget(input_ids: Any, max_new_tokens: int, cache_positions: int | Non
     the prompt takes positions 0..n-1 and each new token but the last one more."""
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
-    if getattr(input_ids, "dim", lambda: 0)() != 2 or input_ids.shape[1] == 0:
-        raise ValueError(f"input_ids must be a (batch, length) tensor of token ids with length >= 1, got {getattr(input_ids, 'shape', type(input_ids).__name__)}")
+    if getattr(input_ids, "ndim", 0) != 2 or input_ids.shape[1] == 0:
+        raise ValueError(f"input_ids must be a (batch, length) array of token ids with length >= 1, got {getattr(input_ids, 'shape', type(input_ids).__name__)}")
     length = input_ids.shape[1]
     if cache_positions is None:
         return
@@ -82,34 +86,35 @@ def check_budget(input_ids: Any, max_new_tokens: int, cache_positions: int | Non
         )
 
 
-def stream(call: Callable[[Any, Any], Any], input_ids: Any, max_new_tokens: int, how: TokenChoice, stop_tokens: list[int]) -> Iterator[Any]:
+def stream(call: Callable[[Any, Any], Any], input_ids: Any, max_new_tokens: int, how: TokenChoice, stop_tokens: list[int], kind: ArrayKind) -> Iterator[Any]:
     """Yield each new token, (batch,), as soon as it is chosen: `max_new_tokens`, or
     fewer where every row has produced one of `stop_tokens` (a row that stopped
     repeats its stop token). `call(ids, positions)` runs the model on the state
-    it left."""
-    import torch
-
+    it left; `kind` is the kind of its arrays."""
+    xp = kind.xp
     batch, length = input_ids.shape
-    stops = torch.tensor(stop_tokens, dtype=torch.long)
-    finished = torch.zeros(batch, dtype=torch.bool)
-    stopped_with = torch.zeros(batch, dtype=torch.long)
-    logits = call(input_ids, torch.arange(length))
+    stops = xp.asarray(stop_tokens, dtype=xp.int64)
+    finished = kind.zeros(batch, "bool")
+    stopped_with = kind.zeros(batch, "int64")
+    logits = call(input_ids, kind.positions(0, length))
     for step in range(max_new_tokens):
-        token = next_token(last_logits(logits, batch), how)
+        token = next_token(last_logits(logits, batch, kind), how, kind)
         if stop_tokens:
-            token = torch.where(finished, stopped_with, token)
-            newly = ~finished & torch.isin(token, stops)
-            stopped_with = torch.where(newly, token, stopped_with)
+            token = xp.where(finished, stopped_with, token)
+            newly = ~finished & xp.isin(token, stops)
+            stopped_with = xp.where(newly, token, stopped_with)
             finished |= newly
         yield token
         if bool(finished.all()) or step == max_new_tokens - 1:
             return
-        logits = call(token[:, None], torch.tensor([length + step]))
+        logits = call(token[:, None], kind.positions(length + step, length + step + 1))
 
 
 class Generating:
     """`generate` and `stream` for a loaded decoder (compiled or eager), which
-    provides `reset()`, `_decoder_call()` and `_cache_positions()`."""
+    provides `reset()`, `_decoder_call()`, `_cache_positions()` and `_kind`."""
+
+    _kind: ArrayKind  # the kind of array the handle takes and returns
 
     def generate(
         self,
@@ -131,10 +136,8 @@ class Generating:
         transformers does (`temperature`, `top_k`, `top_p`), from `generator` or
         a generator seeded with `seed`. A prompt and tokens that do not fit the
         cache, or an argument out of range, raise ValueError before any call."""
-        import torch
-
         tokens = list(self.stream(input_ids, max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator, seed=seed, stop_tokens=stop_tokens))
-        return torch.stack(tokens, dim=1) if tokens else input_ids.new_empty((input_ids.shape[0], 0))
+        return self._kind.stack_columns(tokens, input_ids.shape[0])
 
     def stream(
         self,
@@ -152,12 +155,12 @@ class Generating:
         """As `generate`, but an iterator of each new token, (batch,), yielded as
         soon as it is chosen (for a chat UI). The arguments are checked now; the
         state is reset when the first token is asked for."""
-        how, stops = token_choice(do_sample, temperature, top_k, top_p, generator, seed), stop_set(stop_tokens)
+        how, stops = token_choice(do_sample, temperature, top_k, top_p, generator, seed, self._kind), stop_set(stop_tokens)
         check_budget(input_ids, max_new_tokens, self._cache_positions())
 
         def tokens() -> Iterator[Any]:
             self.reset()
-            yield from stream(self._decoder_call(), input_ids, max_new_tokens, how, stops)
+            yield from stream(self._decoder_call(), input_ids, max_new_tokens, how, stops, self._kind)
 
         return tokens()
 
@@ -173,25 +176,27 @@ class Generating:
         return None
 
 
-def last_logits(output: Any, batch: int) -> Any:
+def last_logits(output: Any, batch: int, kind: ArrayKind) -> Any:
     """The last position's logits, (batch, vocab), of a call's output: logits
     (batch, seq, vocab) or (batch, vocab), alone or as an output's `logits`."""
     logits = output
-    if not hasattr(output, "dim"):
+    if not hasattr(output, "ndim"):
         logits = output.get("logits") if isinstance(output, dict) else getattr(output, "logits", None)
-    if not hasattr(logits, "dim") or logits.dim() not in (2, 3) or logits.shape[0] != batch or not logits.is_floating_point():
+    if not hasattr(logits, "ndim") or logits.ndim not in (2, 3) or logits.shape[0] != batch or not kind.is_floating(logits):
         found = tuple(logits.shape) if hasattr(logits, "shape") else type(output).__name__
         raise ValueError(f"generate needs the model to return logits of shape (batch, seq, vocab) or (batch, vocab) for a batch of {batch}, alone or as `logits`; it returned {found}")
-    return logits[:, -1] if logits.dim() == 3 else logits
+    return logits[:, -1] if logits.ndim == 3 else logits
 
 
-def next_token(logits: Any, how: TokenChoice) -> Any:
+def next_token(logits: Any, how: TokenChoice, kind: ArrayKind) -> Any:
     """The chosen token of each row of `logits` (batch, vocab)."""
-    import torch
-
     if not how.sample:
         return logits.argmax(-1)
-    return torch.multinomial(probabilities(logits, how), 1, generator=how.generator)[:, 0]
+    if kind.NAME == "torch":
+        import torch
+
+        return torch.multinomial(probabilities(logits, how), 1, generator=how.generator)[:, 0]
+    return _numpy_draw(_numpy_probabilities(logits, how), how.generator)
 
 
 def probabilities(logits: Any, how: TokenChoice) -> Any:
@@ -210,3 +215,40 @@ def probabilities(logits: Any, how: TokenChoice) -> Any:
         drop[..., -1:] = False  # the most likely token always stays
         scores = scores.masked_fill(drop.scatter(-1, order, drop), -float("inf"))
     return scores.softmax(-1)
+
+
+def _numpy_probabilities(logits: Any, how: TokenChoice) -> Any:
+    """`probabilities` in NumPy: the same warpers, in the same order."""
+    import numpy
+
+    scores = logits.astype(numpy.float32) / numpy.float32(how.temperature)
+    if how.top_k is not None and how.top_k < scores.shape[-1]:
+        kth = -numpy.partition(-scores, how.top_k - 1, axis=-1)[..., how.top_k - 1 : how.top_k]
+        scores = numpy.where(scores < kth, -numpy.inf, scores)
+    if how.top_p is not None and how.top_p < 1:
+        order = numpy.argsort(scores, axis=-1, kind="stable")
+        ascending = numpy.take_along_axis(scores, order, axis=-1)
+        drop = numpy.cumsum(_softmax(ascending), axis=-1) <= 1 - how.top_p
+        drop[..., -1:] = False  # the most likely token always stays
+        dropped = numpy.zeros_like(drop)
+        numpy.put_along_axis(dropped, order, drop, axis=-1)
+        scores = numpy.where(dropped, -numpy.inf, scores)
+    return _softmax(scores)
+
+
+def _softmax(scores: Any) -> Any:
+    import numpy
+
+    exponents = numpy.exp(scores - scores.max(-1, keepdims=True))
+    return exponents / exponents.sum(-1, keepdims=True)
+
+
+def _numpy_draw(probabilities: Any, generator: Any) -> Any:
+    """One token per row, drawn from its probabilities: the first whose cumulative
+    probability passes a uniform number (`generator`'s, else NumPy's global one)."""
+    import numpy
+
+    uniform = (generator if generator is not None else numpy.random).random((probabilities.shape[0], 1))
+    cumulative = numpy.cumsum(probabilities, axis=-1)
+    chosen = (cumulative < uniform * cumulative[:, -1:]).sum(-1)
+    return numpy.minimum(chosen, probabilities.shape[-1] - 1).astype(numpy.int64)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from ._arrays import ArrayKind
 from ._schema import ArtifactEntry, BuiltWith, ModelEntry, TorchAndPython
 
 
@@ -46,11 +47,21 @@ class Form(Protocol):
         """The shipped file that holds this variant in this form."""
         ...
 
-    def load(self, name: str, model: ModelEntry, artifact: ArtifactEntry) -> Graph:
-        """Verify and load this variant's files. Raises FormUnavailable where the
-        files are intact but cannot load here (the next form that fits is tried),
-        PrecompiledIntegrityError where they are damaged."""
+    def serves(self, model: ModelEntry, artifact: ArtifactEntry, arrays: str) -> str:
+        """Why this form of the variant cannot take and return `arrays` ("torch" or
+        "numpy", `_arrays.ARRAY_KINDS`) here; "" where it can."""
         ...
+
+    def load(self, name: str, model: ModelEntry, artifact: ArtifactEntry, kind: ArrayKind) -> Graph:
+        """Verify and load this variant's files, for `kind`'s arrays. Raises
+        FormUnavailable where the files are intact but cannot load here (the next
+        form that fits is tried), PrecompiledIntegrityError where they are damaged."""
+        ...
+
+
+def torch_only(arrays: str) -> str:
+    """`Form.serves` of the forms that run on torch tensors alone."""
+    return "" if arrays == "torch" else "it runs on torch tensors (NumPy arrays run the C++ form alone)"
 
 
 class FormUnavailable(RuntimeError):

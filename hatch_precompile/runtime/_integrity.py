@@ -37,6 +37,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ._arrays import ArrayKind
 from ._cache import private_cache_dir
 from ._errors import PrecompiledIntegrityError, PrecompiledModelError
 from ._manifest import HERE
@@ -81,7 +82,7 @@ def verified_kernels(model: ModelEntry, artifact: ArtifactEntry) -> dict[str, Pa
     return {key: verified_path(model["kernels"][key]) for key in artifact["kernels"]}
 
 
-def verified_weights(record: WeightsEntry) -> mmap.mmap:
+def verified_weights(record: WeightsEntry, kind: ArrayKind) -> mmap.mmap:
     """The weights file, memory-mapped (copy-on-write), after checking its size and
     each chunk's checksum against the manifest, unless a stamp says this state of the
     file was checked before (see the module's docstring). The check reads through
@@ -99,7 +100,7 @@ def verified_weights(record: WeightsEntry) -> mmap.mmap:
     if stamp is not None and stamp.exists():
         return mapping
     expected = record["chunk_checksums"]
-    found = chunk_checksums(mapping, record["chunk_size"], torch_row_sums)
+    found = chunk_checksums(mapping, record["chunk_size"], kind.row_sums)
     bad = [i for i, (got, want) in enumerate(zip(found, expected)) if got != want]
     if bad:
         _check(path, f"checksum differs in {len(bad)} of its {len(expected)} chunks, the first at byte {bad[0] * record['chunk_size']}")
@@ -137,6 +138,15 @@ def torch_row_sums(data: Any, rows: int) -> bytearray:
     sums = bytearray(8 * rows)
     words = torch.frombuffer(data, dtype=torch.int64, count=rows * ROW_SIZE // 8)
     torch.sum(words.view(rows, ROW_SIZE // 8), 1, out=torch.frombuffer(sums, dtype=torch.int64))
+    return sums
+
+
+def numpy_row_sums(data: Any, rows: int) -> bytes:
+    """`chunk_checksums`' row sums by NumPy (one core), through `data` itself."""
+    import numpy
+
+    words = numpy.frombuffer(data, dtype="<i8", count=rows * ROW_SIZE // 8)
+    sums: bytes = words.reshape(rows, ROW_SIZE // 8).sum(1, dtype="<i8").tobytes()  # wraps modulo 2**64, as torch's
     return sums
 
 

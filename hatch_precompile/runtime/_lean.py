@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from . import _torch_private
+from ._arrays import ArrayKind
 from ._errors import PrecompiledIntegrityError
 from ._frozen_tensors import rebuild_constants
-from ._graph import PositionalGraph
+from ._graph import PositionalGraph, torch_only
 from ._integrity import verified_bytes, verified_kernels
 from ._manifest import HERE, same_torch_release, version_numbers
 from ._schema import ArtifactEntry, BuiltWith, ModelEntry, TorchAndPython, has_lean_form, is_lean_only
@@ -47,7 +48,11 @@ def problems(built: BuiltWith, here: TorchAndPython) -> list[str]:
     return found
 
 
-def load(name: str, model: ModelEntry, artifact: ArtifactEntry) -> PositionalGraph:
+def serves(model: ModelEntry, artifact: ArtifactEntry, arrays: str) -> str:
+    return torch_only(arrays)
+
+
+def load(name: str, model: ModelEntry, artifact: ArtifactEntry, kind: ArrayKind) -> PositionalGraph:
     """Verify the lean module, its kernels and an int8 variant's constants, then
     run its source; returns its graph, which takes the weights, then the user
     inputs (an int8 graph takes no weights)."""

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
 import json
 import os
+import platform
+import re
 import sys
 import sysconfig
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -70,26 +74,101 @@ def checked_manifest(data: bytes, expected_sha256: str, where: Path | str) -> Ma
     return manifest
 
 
+@dataclass(frozen=True)
+class InstalledTorch:
+    """The torch `import torch` would import here, read from its files alone."""
+
+    version: str  # "2.13.0+cpu"
+    git_version: str
+    libraries: Path  # its lib/ folder: libtorch_cpu.so and the rest
+
+
+class TorchMissing(ImportError):
+    """No torch is installed where this Python imports from."""
+
+
+@functools.cache
+def installed_torch() -> InstalledTorch:
+    """The installed torch's version and git revision, from its `version.py`, and
+    its libraries' folder, without importing it: where torch is imported this
+    reads the same file its `torch.version` came from."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        raise TorchMissing("torch is not installed")
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    try:
+        source = (folder / "version.py").read_text(encoding="utf-8")
+    except OSError as error:
+        raise TorchMissing(f"torch at {folder} has no readable version.py ({error})") from None
+    found = dict(re.findall(r"^(__version__|git_version)(?:: *str)? *= *'([^']*)'", source, re.MULTILINE))
+    if len(found) != 2:
+        raise TorchMissing(f"torch at {folder}: its version.py does not say __version__ and git_version")
+    return InstalledTorch(found["__version__"], found["git_version"], folder / "lib")
+
+
 def torch_and_python() -> TorchAndPython:
     """This process's torch build and Python, in the form an artifact's `built_with`
     records them: the build calls this too (worker/key.py), so that the two sides
     compare the same strings."""
-    import torch
-
+    torch = installed_torch()
     return {
-        "torch": torch.__version__,
-        "torch_git": torch.version.git_version,
+        "torch": torch.version,
+        "torch_git": torch.git_version,
         "python": f"{sys.version_info.major}.{sys.version_info.minor}",
         "platform": sysconfig.get_platform(),
     }
 
 
+# /proc/cpuinfo's flag for each feature name torch.cpu.get_capabilities() gives,
+# for the names a CPU target or a variant can need (tests/test_torch_assumptions.py
+# holds the two equal on the machine that runs it).
+CPUINFO_FLAGS = {
+    "avx": "avx", "avx2": "avx2", "bmi": "bmi1", "bmi2": "bmi2", "f16c": "f16c", "fma3": "fma", "lzcnt": "abm",
+    "avx512_f": "avx512f", "avx512_bw": "avx512bw", "avx512_cd": "avx512cd", "avx512_dq": "avx512dq", "avx512_vl": "avx512vl",
+    "avx512_vnni": "avx512_vnni", "avx512_bf16": "avx512_bf16", "avx512_fp16": "avx512_fp16", "avx_vnni": "avx_vnni",
+    "amx_tile": "amx_tile", "amx_bf16": "amx_bf16", "amx_int8": "amx_int8", "amx_fp16": "amx_fp16",
+}  # fmt: skip
+
+
+@functools.cache
 def cpu_features() -> frozenset[str]:
     """The features this process's CPU has, by torch's names ("avx512_vnni", ...):
-    what an artifact's `cpu_features` are compared with (the build asks this too)."""
+    what an artifact's `cpu_features` are compared with (the build asks this too).
+    On x86-64 Linux read from /proc/cpuinfo, without importing torch; elsewhere
+    torch's own `torch.cpu.get_capabilities()`."""
+    flags = _cpuinfo_flags()
+    if flags is not None:
+        return frozenset(name for name, flag in CPUINFO_FLAGS.items() if flag in flags)
     import torch
 
     return frozenset(name for name, present in torch.cpu.get_capabilities().items() if present is True)
+
+
+def _cpuinfo_flags() -> set[str] | None:
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return None
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    line = next((line for line in info.splitlines() if line.startswith("flags")), None)
+    return None if line is None else set(line.partition(":")[2].split())
+
+
+def aten_capability(features: frozenset[str]) -> str:
+    """The level of ATen kernels torch runs on this CPU, by torch's own rule
+    (aten/src/ATen/native/DispatchStub.cpp, `compute_cpu_capability`):
+    $ATEN_CPU_CAPABILITY where set, else AVX512 with AVX512-VL, -BW, -DQ and FMA,
+    AVX2 with AVX2 and FMA, else DEFAULT. Read without importing torch
+    (tests/test_torch_assumptions.py holds it equal to torch's answer)."""
+    forced = {"default": "DEFAULT", "avx2": "AVX2", "avx512": "AVX512"}.get(os.environ.get("ATEN_CPU_CAPABILITY", ""))
+    if forced is not None:
+        return forced
+    if {"avx512_vl", "avx512_bw", "avx512_dq", "fma3"} <= features:
+        return "AVX512"
+    if {"avx2", "fma3"} <= features:
+        return "AVX2"
+    return "DEFAULT"
 
 
 # The features with which oneDNN multiplies int8 without saturating: without them it
@@ -105,10 +184,10 @@ class RunningEnvironment(TorchAndPython):
 
 
 def running_environment() -> RunningEnvironment:
-    """This process, as the loader sees it (`hatch-precompile inspect` shows it too)."""
-    import torch
-
-    return {**torch_and_python(), "cpu_features": cpu_features(), "aten_capability": torch.backends.cpu.get_cpu_capability()}
+    """This process, as the loader sees it (`hatch-precompile verify` shows it
+    too), read without importing torch."""
+    features = cpu_features()
+    return {**torch_and_python(), "cpu_features": features, "aten_capability": aten_capability(features)}
 
 
 def native_problems(native: NativeNeeds) -> list[str]:
@@ -164,7 +243,22 @@ def running_glibc() -> str | None:
 
 
 def _loaded_libstdcxx() -> Path | None:
-    """The libstdc++ this process has loaded (torch loads it), from /proc/self/maps."""
+    """The libstdc++ this process has loaded (torch loads it), from /proc/self/maps;
+    where none is loaded yet (a process that has not loaded torch's libraries),
+    the one the dynamic loader gives torch's, loaded now."""
+    found = _mapped_libstdcxx()
+    if found is None:
+        import ctypes
+
+        try:
+            ctypes.CDLL("libstdc++.so.6")
+        except OSError:
+            return None
+        found = _mapped_libstdcxx()
+    return found
+
+
+def _mapped_libstdcxx() -> Path | None:
     try:
         maps = Path("/proc/self/maps").read_text()
     except OSError:

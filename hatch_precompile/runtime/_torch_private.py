@@ -57,6 +57,9 @@ What it relies on (measured on torch 2.13):
   RuntimeError), and `run(tensors)` takes the graph's tensor inputs and returns
   its user outputs, having updated the state (bound constants) in place. Each
   runner is a container of its own, so each binds its own state.
+- The NumPy path, without torch's Python: `libtorch_cpu.so` exports
+  `at::set_num_threads(int)` (`_ZN2at15set_num_threadsEi`, Itanium C++ ABI),
+  which `torch.set_num_threads` calls; the shim has no C function for it.
 """
 
 from __future__ import annotations
@@ -271,3 +274,16 @@ def bind_constants(container: Any, constants: dict[str, Any]) -> None:
     these tensors, without copying them (`user_managed`): the weights stay in the
     mapped file, and a state tensor it updates is the caller's."""
     container.update_constant_buffer(constants, False, True, True)  # use_inactive, validate_full_updates, user_managed
+
+
+SET_NUM_THREADS_SYMBOL = "_ZN2at15set_num_threadsEi"  # at::set_num_threads(int)
+
+
+def set_num_threads(libtorch_cpu: Any, count: int) -> None:
+    """`torch.set_num_threads(count)` without torch's Python: the C++ function it
+    calls, from the loaded `libtorch_cpu.so` (a ctypes.CDLL)."""
+    import ctypes
+
+    function = getattr(libtorch_cpu, SET_NUM_THREADS_SYMBOL)
+    function.argtypes, function.restype = [ctypes.c_int], None
+    function(count)

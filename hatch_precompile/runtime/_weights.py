@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ._arrays import ArrayKind
 from ._contract import import_object
 from ._errors import PrecompiledIntegrityError
 from ._integrity import verified_weights
@@ -22,35 +23,36 @@ _DTYPES = {
     "F32": "float32", "F64": "float64", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
 }  # fmt: skip
 SAFETENSORS_DTYPES = {torch_name: name for name, torch_name in _DTYPES.items()}
+ITEM_SIZES = {
+    "bool": 1, "uint8": 1, "int8": 1, "int16": 2, "int32": 4, "int64": 8, "uint16": 2, "uint32": 4, "uint64": 8,
+    "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "float8_e4m3fn": 1, "float8_e5m2": 1,
+}  # fmt: skip
 # The build's writer fills the gaps that align each tensor with uint8 tensors so named.
 PADDING_PREFIX = "__padding__"
 
 
-def read_weights(weights: WeightsEntry) -> dict[str, Any]:
-    """The shipped tensors by name: views of the checked, memory-mapped file (no
-    copy, no pickle); tied weights are stored once and bound under each name.
-    State that starts as zeros is one zero broadcast to its shape: no memory
-    until a handle copies it into a state of its own."""
-    import torch
-
-    tensors = safetensors_views(verified_weights(weights), HERE / weights["file"]) if "file" in weights else {}
+def read_weights(weights: WeightsEntry, kind: ArrayKind) -> dict[str, Any]:
+    """The shipped arrays by name: views of the checked, memory-mapped file (no
+    copy, no pickle, and no page read before a call reads it); tied weights are
+    stored once and bound under each name. State that starts as zeros is one
+    zero broadcast to its shape: no memory until a handle copies it into a state
+    of its own."""
+    tensors = safetensors_views(verified_weights(weights, kind), HERE / weights["file"], kind) if "file" in weights else {}
     for alias, name in weights.get("aliases", {}).items():
         tensors[alias] = tensors[name]
     for name in weights.get("zeros", []):
         spec = weights["specs"][name]
-        tensors[name] = torch.zeros((), dtype=getattr(torch, spec["dtype"])).expand(spec["shape"])
+        tensors[name] = kind.broadcast_zero(spec["dtype"], spec["shape"])
     return tensors
 
 
-def safetensors_views(mapping: Any, path: Path) -> dict[str, Any]:
+def safetensors_views(mapping: Any, path: Path, kind: ArrayKind) -> dict[str, Any]:
     """Tensors viewing a safetensors file's bytes in place. The layout
     (huggingface.co/docs/safetensors): an 8-byte little-endian header length, a
     JSON header {name: {"dtype", "shape", "data_offsets": [begin, end]}, with
     an optional "__metadata__"}, then the data those offsets count from. Read
     here rather than by the safetensors library, whose own mapping the integrity
     check could not read through."""
-    import torch
-
     try:
         length = int.from_bytes(mapping[:8], "little")
         header = json.loads(mapping[8 : 8 + length])
@@ -58,25 +60,24 @@ def safetensors_views(mapping: Any, path: Path) -> dict[str, Any]:
         for name, info in header.items():
             if name == "__metadata__" or name.startswith(PADDING_PREFIX):
                 continue
-            dtype = getattr(torch, _DTYPES[info["dtype"]])
+            dtype = _DTYPES[info["dtype"]]
             (begin, end), count = info["data_offsets"], math.prod(info["shape"])
-            if end - begin != count * dtype.itemsize or 8 + length + end > len(mapping):
+            if end - begin != count * ITEM_SIZES[dtype] or 8 + length + end > len(mapping):
                 raise ValueError(f"tensor {name!r}: its offsets do not fit its shape and dtype or the file")
-            flat = torch.frombuffer(mapping, dtype=dtype, count=count, offset=8 + length + begin) if count else torch.empty(0, dtype=dtype)
-            tensors[name] = flat.view(info["shape"])
+            tensors[name] = kind.frombuffer(mapping, dtype, count, 8 + length + begin).reshape(info["shape"])
     except (ValueError, KeyError, TypeError) as error:  # json.JSONDecodeError is a ValueError
         raise PrecompiledIntegrityError(f"{path} is not a safetensors file this loader can read: {error}") from None
     return tensors
 
 
-def bind_weights(name: str, model: ModelEntry, state_dict: dict[str, Any] | None, module: Any) -> list[Any]:
+def bind_weights(name: str, model: ModelEntry, state_dict: dict[str, Any] | None, module: Any, kind: ArrayKind) -> list[Any]:
     """The tensors the compiled graph takes before the user inputs, in its order,
     from the caller's module or state_dict, the factory, or the shipped file;
     constants no module attribute holds always come from the shipped file. Each
     is checked against the name, shape and dtype that were compiled: compiled
     code checks nothing."""
     spec = model["weights"]
-    shipped = read_weights(spec) if ships_weights(spec) else {}
+    shipped = read_weights(spec, kind) if ships_weights(spec) else {}
     if module is not None:
         lookup, source = _tensor_lookup(module), "the module given"
     elif state_dict is not None:
@@ -92,10 +93,10 @@ def bind_weights(name: str, model: ModelEntry, state_dict: dict[str, Any] | None
         if tensor is None:
             problems.append(f"{weight} is missing")
             continue
-        found = f"{str(tensor.dtype).removeprefix('torch.')}{list(tensor.shape)} on {tensor.device.type}"
-        if found != f"{want['dtype']}{want['shape']} on cpu":
+        found = f"{kind.dtype_name(tensor)}{list(tensor.shape)} on {kind.device(tensor)}"
+        if found != f"{kind.stored_dtype_name(want['dtype'])}{want['shape']} on cpu":
             problems.append(f"{weight} is {found}, expected {want['dtype']}{want['shape']} on cpu")
-        tensors.append(tensor.detach())
+        tensors.append(kind.plain(tensor))
     if problems:
         more = f"; and {len(problems) - 8} more" if len(problems) > 8 else ""
         raise ValueError(f"model {name!r}: {source} does not fit the compiled model: {'; '.join(problems[:8])}{more}")

@@ -28,6 +28,7 @@ import torch
 
 from ..engine.errors import ModelBuildError
 from ..engine.model_config import ModelConfig
+from ..runtime._arrays import array_kind
 from ..runtime._contract import check_inputs, flatten_call
 from ..runtime._schema import DimRecord
 from . import torch_internals
@@ -126,7 +127,7 @@ def calibration_batches(model: ModelConfig, captured: Captured) -> Iterable[tupl
                 raise ModelBuildError(model.name, step, f"batch {count - 1}: expected (args, kwargs), a tuple of a tuple and a dict, got {type(batch).__name__}")
             args, kwargs = tuple(batch[0]), dict(batch[1])
             try:
-                check_inputs(model.name, captured.input_leaves, dims, flatten_call(model.name, captured.input_tree, args, kwargs))
+                check_inputs(model.name, captured.input_leaves, dims, flatten_call(model.name, captured.input_tree, args, kwargs), array_kind("torch"))
             except (ValueError, TypeError, IndexError) as error:  # IndexError: values past an index bound
                 raise ModelBuildError(model.name, step, f"batch {count - 1} does not fit the declared inputs: {error}") from None
             yield args, kwargs

@@ -296,7 +296,8 @@ def sizes(architecture: Architecture) -> list[dict[str, int]]:
 
 def table(architectures: list[Architecture], package: str, cpp_form: bool = False) -> str:
     """The body of `[tool.hatch.build.hooks.precompile]` declaring these models,
-    each with `cpp-form = true` where `cpp_form` (else only those declaring a refusal of it)."""
+    each with `cpp-form = true` where `cpp_form` (else only those declaring a
+    refusal of it, and the rest `cpp-form = false`)."""
     lines = ['fallback = "error"', ""]
     for a in architectures:
         lines.append(f"[tool.hatch.build.hooks.precompile.models.{a.name}]")
@@ -310,8 +311,7 @@ def table(architectures: list[Architecture], package: str, cpp_form: bool = Fals
             lines.append(f'quantize = "{a.quantize}"')
         if a.calibration:
             lines.append(f'calibration = "{package}.models:{a.calibration}"')
-        if cpp_form or a.cpp_refused:
-            lines.append("cpp-form = true")
+        lines.append(f"cpp-form = {str(cpp_form or bool(a.cpp_refused)).lower()}")
         if a.options:
             lines.append("options = { " + ", ".join(f"{k} = {str(v).lower()}" for k, v in a.options.items()) + " }")
         lines.append("dims = { " + ", ".join(f"{d} = {{ min = {lo}, max = {hi} }}" for d, (lo, hi) in a.dims.items()) + " }")
