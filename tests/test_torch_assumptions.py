@@ -899,3 +899,70 @@ def test_outputs_that_alias_inputs_or_buffers_are_named_for_the_container_and_in
 class ReturnsFeatures(nn.Module):
     def forward(self, features: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {**features, "twice": features["x"] * 2}
+
+
+def test_the_process_is_read_without_torch_as_torch_reads_it() -> None:
+    """The NumPy path decides what loads without importing torch: the version and
+    git revision from torch's version.py, the CPU features from /proc/cpuinfo by
+    torch's names, the ATen kernels' level by torch's rule, also where
+    ATEN_CPU_CAPABILITY lowers it."""
+    from hatch_precompile.runtime import _manifest
+
+    installed = _manifest.installed_torch()
+    assert (installed.version, installed.git_version) == (torch.__version__, torch.version.git_version)
+    assert (installed.libraries / "libtorch_cpu.so").is_file()
+    theirs = {name for name, present in torch.cpu.get_capabilities().items() if present is True}
+    assert _manifest.cpu_features() == theirs & set(_manifest.CPUINFO_FLAGS)
+    assert _manifest.aten_capability(_manifest.cpu_features()) == torch.backends.cpu.get_cpu_capability()
+    for forced in ("avx2", "default"):
+        code = "import torch; from hatch_precompile.runtime import _manifest as m; print(torch.backends.cpu.get_cpu_capability(), m.aten_capability(m.cpu_features()))"
+        result = subprocess.run([sys.executable, "-c", code], env={**os.environ, "ATEN_CPU_CAPABILITY": forced}, capture_output=True, text=True, check=True)
+        theirs_forced, ours_forced = result.stdout.split()
+        assert ours_forced == theirs_forced, forced
+
+
+def test_the_shim_and_the_container_interface_run_a_library_on_numpy_arrays_as_torchs_runner_does(tmp_path: Path) -> None:
+    """The NumPy path's calls (`runtime/_shim.py`, `runtime/_container.py`): tensor
+    handles over NumPy memory, constants bound by name without a copy, a state
+    updated in place in the caller's array, outputs equal to torch's runner bit
+    for bit and viewed without a copy; and `at::set_num_threads`, exported by
+    libtorch_cpu, is what torch.set_num_threads sets."""
+    import numpy
+
+    from hatch_precompile.runtime import _shim
+    from hatch_precompile.runtime._container import ContainerLibrary
+
+    module = CachedWithConstants().eval()
+    batch, seq = torch.export.Dim("batch", min=1, max=4), torch.export.Dim("seq", min=1, max=32)
+    x, position = torch.randn(2, 2, 5, 8), torch.arange(5)
+    exported = torch_internals.decompose(torch.export.export(module, (x, position), dynamic_shapes=({0: batch, 2: seq}, {0: seq})))
+    with torch_internals.compiler_outputs_in(session_compiler_outputs()):
+        library, _ = torch_internals.compile_container(exported, {})
+    path = tmp_path / "model.so"
+    path.write_bytes(library)
+    constants = torch_internals.container_constants(path, exported)
+    tensors = {n: exported.constants.get(n, exported.state_dict.get(n)) for n in constants.values()}
+    theirs = _torch_private.load_container(path)
+    own = {n: t.clone() for n, t in tensors.items()}
+    _torch_private.bind_constants(theirs, {c: own[n] for c, n in constants.items()})
+
+    shim = _shim.load()
+    container = ContainerLibrary(path, shim).create()
+    assert sorted(container.constant_names()) == sorted(constants)
+    arrays = {n: t.numpy().copy() for n, t in tensors.items()}
+    container.bind({c: (arrays[n], shim.dtype_code(str(tensors[n].dtype).removeprefix("torch."))) for c, n in constants.items()})
+    run = container.runner([shim.dtype_code("float32"), shim.dtype_code("int64")])
+    calls = [(x, position), (torch.randn(2, 2, 1, 8), torch.tensor([5]))]
+    with torch.no_grad():
+        for args in calls:
+            (expected,) = theirs.run(list(args))
+            (handle,) = run([a.numpy() for a in args])
+            got = shim.array(handle, numpy.dtype("float32"))
+            assert numpy.array_equal(got, expected.numpy()) and got.base is not None  # a view of the output's memory
+    for name, tensor in own.items():
+        assert numpy.array_equal(arrays[name], tensor.numpy())  # the state, updated in place in the caller's arrays
+
+    before = torch.get_num_threads()
+    _torch_private.set_num_threads(shim.library, 1)
+    assert torch.get_num_threads() == 1
+    torch.set_num_threads(before)
