@@ -235,6 +235,7 @@ def test_inspect_lists_models_targets_forms_tag_and_torch_pin(example_build: Exa
     assert row.startswith("encoder  encoder/cpu_avx2.bin  avx2")
     assert "dynamic (batch 1-64)" in row and row.endswith("C++ + lean + artifact")
     assert "KiB" in row
+    assert lines[-2:] == ["encoder: float32", "  without torch (arrays='numpy'): yes"]
 
     code, out, _ = cli(capsys, "inspect", "--json", example_build.wheel)
     document = json.loads(out)
@@ -243,6 +244,7 @@ def test_inspect_lists_models_targets_forms_tag_and_torch_pin(example_build: Exa
     (artifact,) = document["artifacts"]
     assert artifact["model"] == "encoder" and artifact["cpu_target"] == "avx2" and artifact["forms"] == ["cpp", "lean", "artifact"]
     assert artifact["specialized"] == {} and artifact["torch"] == torch.__version__
+    assert document["models"]["encoder"]["without_torch"] == "yes"
     manifest = manifest_of(example_build.wheel)
     kernels = manifest["models"]["encoder"]["kernels"].values()
     variant = manifest["models"]["encoder"]["artifacts"][0]

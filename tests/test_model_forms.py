@@ -82,6 +82,19 @@ def features():
     return ({"x": torch.randn(3, 16), "scale": torch.ones(3)},), {}
 
 
+class HandsBack(Mlp):
+    """Returns an input as it is, and a nested tuple of what it computes: what the
+    C++ form can return (no view, no buffer)."""
+
+    def forward(self, features):
+        out = self.layers(features["x"])
+        return {"x": features["x"], "out": out, "pair": (out.sum(-1), (features["scale"] * 2).to(torch.float64))}
+
+
+def hands_back():
+    return HandsBack().eval()
+
+
 class ViewsAnIntermediate(Mlp):
     """Returns a result and a view of it: AOTAutograd's wrapper takes the view out
     of an extra output at run time, so the build ships only the artifact form."""
@@ -145,6 +158,12 @@ cpp-form = true
 
 [tool.hatch.build.hooks.precompile.models.passes_through]
 factory = "formpkg.models:passes_through"
+example-inputs = "formpkg.models:features"
+dims = { batch = { max = 8, axes = ["0.x:0", "0.scale:0"] } }
+cpp-form = true
+
+[tool.hatch.build.hooks.precompile.models.hands_back]
+factory = "formpkg.models:hands_back"
 example-inputs = "formpkg.models:features"
 dims = { batch = { max = 8, axes = ["0.x:0", "0.scale:0"] } }
 cpp-form = true
@@ -365,7 +384,7 @@ def test_outputs_that_are_inputs_weights_or_views_of_them_load_lean(forms: Venv,
             model({"x": torch.randn(9, 16), "scale": torch.rand(9)})
         except ValueError as error:
             report["too big"] = str(error)
-        report["explain"] = load_compiled.explain("passes_through")
+        report["explain"] = load_compiled.explain("passes_through").splitlines()[0]
     """,
     )
     assert report == {
@@ -391,7 +410,7 @@ def test_a_graph_returning_a_view_of_an_intermediate_ships_the_artifact_form_and
         with torch.no_grad():
             for got, want in zip(model(x), eager(x)):
                 torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
-        report["explain"] = load_compiled.explain("views_an_intermediate")
+        report["explain"] = load_compiled.explain("views_an_intermediate").splitlines()[0]
     """,
     )
     refused = "output 1 is a view of another output"
@@ -443,3 +462,87 @@ def test_a_library_linking_what_the_manylinux_policy_does_not_provide_is_refused
     reason = _count_native_needs(variant)
     assert reason.startswith("compiled kernel cpu_avx2_cpp.so links libhatchextra.so, which neither torch's wheel nor the manylinux policy provides"), reason
     assert entry["native"] == kernels_needs
+
+
+# The same models from NumPy arrays (`arrays="numpy"`), in processes that never
+# import torch, against the torch path's C++ form; and what cannot run so, said.
+NUMPY_CALLS = """
+import json, sys, warnings
+import numpy as np
+from formpkg import load_compiled, _precompiled
+report = {}
+rng = np.random.default_rng(0)
+x = {batch: rng.standard_normal((batch, 16), dtype=np.float32) for batch in (1, 3, 4, 8)}
+features = {"x": rng.standard_normal((5, 16), dtype=np.float32), "scale": rng.random(5, dtype=np.float32)}
+"""
+
+
+def _torch_path_outputs(forms: Venv, tmp_path: Path) -> Path:
+    saved = tmp_path / "torch.npz"
+    call(
+        forms,
+        tmp_path,
+        NUMPY_CALLS.replace("report = {}", "")
+        + f"""
+        out = {{f"buckets_and_range {{b}}": load_compiled("buckets_and_range")(torch.from_numpy(a)).numpy() for b, a in x.items()}}
+        back = load_compiled("hands_back")({{k: torch.from_numpy(v) for k, v in features.items()}})
+        out.update(hands_back_out=back["out"].numpy(), hands_back_sum=back["pair"][0].numpy(), hands_back_scale=back["pair"][1].numpy())
+        out["half"] = load_compiled("half")(torch.from_numpy(x[3]).to(torch.bfloat16)).float().numpy()
+        out["from_factory"] = load_compiled("from_factory")(torch.arange(15).reshape(3, 5) % 20).numpy()
+        np.savez({str(saved)!r}, **out)
+    """,
+    )
+    return saved
+
+
+def test_numpy_arrays_in_and_out_without_torch_and_what_cannot_run_so_says_why(forms: Venv, tmp_path: Path) -> None:
+    forms.pip("numpy")
+    saved = _torch_path_outputs(forms, tmp_path)
+    code = (
+        NUMPY_CALLS
+        + f"""
+expected = np.load({str(saved)!r})
+model = load_compiled("buckets_and_range", arrays="numpy")
+report["buckets"] = {{b: [model.artifact_for(a), bool(np.array_equal(model(a), expected[f"buckets_and_range {{b}}"]))] for b, a in x.items()}}
+back = load_compiled("hands_back", arrays="numpy")(features)
+report["hands back"] = [sorted(back), back["x"] is features["x"], type(back["pair"]).__name__, back["pair"][1].dtype.name,
+    bool(np.array_equal(back["out"], expected["hands_back_out"])), bool(np.array_equal(back["pair"][0], expected["hands_back_sum"])),
+    bool(np.array_equal(back["pair"][1], expected["hands_back_scale"]))]
+for name in ("buckets", "half", "from_factory"):
+    try:
+        load_compiled(name, arrays="numpy", fallback="error")
+    except _precompiled.PrecompiledModelError as error:
+        report[f"refused {{name}}"] = str(error).split(": ", 1)[1]
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    factory = load_compiled("from_factory", arrays="numpy")
+report["fallback"] = [repr(factory).startswith("<<compiled model 'from_factory' from from_factory/cpu_avx2_cpp.so> behind NumPy arrays"), [w.category.__name__ for w in caught]]
+report["fallback output"] = bool(np.array_equal(factory(np.arange(15).reshape(3, 5) % 20), expected["from_factory"]))
+report["explain half"] = load_compiled.explain("half").splitlines()[1]
+report["torch imported"] = "torch" in sys.modules
+print(json.dumps(report))
+"""
+    )
+    report = json.loads(forms.script(code, env=no_compiler_env(tmp_path)).stdout.strip().splitlines()[-1])
+    dynamic, bucket = "buckets_and_range/cpu_avx2_cpp.so", "buckets_and_range/cpu_avx2_batch4_cpp.so"
+    assert report["buckets"] == {"1": [dynamic, True], "3": [dynamic, True], "4": [bucket, True], "8": [dynamic, True]}
+    assert report["hands back"] == [["out", "pair", "x"], True, "tuple", "float64", True, True, True]
+    assert "the C++ form: none was built (cpp-form = false); the lean form: it runs on torch tensors" in report["refused buckets"], report["refused buckets"]
+    assert "its input x is bfloat16: NumPy has no bfloat16 dtype: install ml_dtypes" in report["refused half"], report["refused half"]
+    assert 'its weights come from its factory (weights = "factory"), which only torch can run' in report["refused from_factory"], report["refused from_factory"]
+    assert report["fallback"] == [True, ["PrecompiledFallbackWarning"]] and report["fallback output"]
+    assert report["explain half"].startswith("  without torch (arrays='numpy'): no: ") and "install ml_dtypes" in report["explain half"]
+    assert report["torch imported"] is True  # the fallback imported it, after the rest ran without it
+
+    forms.pip("ml_dtypes")
+    half = f"""
+import json, sys
+import numpy as np, ml_dtypes
+from formpkg import load_compiled
+rng = np.random.default_rng(0)
+rng.standard_normal((1, 16), dtype=np.float32)
+x = rng.standard_normal((3, 16), dtype=np.float32)  # NUMPY_CALLS' x[3], its generator's second draw
+out = load_compiled("half", arrays="numpy")(x.astype(ml_dtypes.bfloat16))
+print(json.dumps([out.dtype.name, bool(np.array_equal(out.astype(np.float32), np.load({str(saved)!r})["half"])), "torch" in sys.modules]))
+"""
+    assert json.loads(forms.script(half, env=no_compiler_env(tmp_path)).stdout.strip().splitlines()[-1]) == ["bfloat16", True, False]

@@ -103,7 +103,7 @@ for batch, length, new in {DECODER_RUNS!r}:
     compiled(ours[:, -1:], torch.tensor([length + new - 1]))  # eager's loop fed the last token too
     buffers = dict(eager.named_buffers())
     worst = max((compiled.state[n] - buffers[n]).abs().max().item() for n in compiled.state)
-    report["decoder"].append({{"equal": torch.equal(ours, torch.stack(tokens, 1)), "shape": list(ours.shape), "state": worst}})
+    report["decoder"].append({{"equal": torch.equal(ours, torch.stack(tokens, 1)), "shape": list(ours.shape), "state": worst, "prompt": prompt.tolist(), "tokens": ours.tolist()}})
 for name in {LMS!r}:
     model = load_compiled(name)
     report[name] = {{}}
@@ -130,6 +130,63 @@ def test_the_decoder_generates_eagers_tokens_from_the_wheel(generated: dict) -> 
     for run, (batch, _, new) in zip(generated["decoder"], DECODER_RUNS):
         assert run["equal"] and run["shape"] == [batch, new], generated["decoder"]
         assert run["state"] < 1e-4, generated["decoder"]  # the cache holds eager's keys and values
+
+
+# The same generation on NumPy arrays (`arrays="numpy"`), in a process that never
+# imports torch: greedy tokens equal the torch path's, seeded sampling repeats,
+# stop tokens and streaming, per-handle state with reset, threads.
+NUMPY = """
+import json, sys, threading
+import numpy as np
+from statepkg import load_compiled
+given = json.loads(GIVEN)  # the prompts of GENERATE, and how many tokens each
+report = {"decoder": [], "explain": load_compiled.explain("decoder").splitlines()[-1]}
+for prompt, new in given["decoder"]:
+    report["decoder"].append(load_compiled("decoder", arrays="numpy").generate(np.array(prompt), new).tolist())
+report["llama"] = {length: load_compiled("llama", arrays="numpy").generate(np.array(prompt), given["lm_new"]).tolist() for length, prompt in given["llama"].items()}
+model, prompt = load_compiled("decoder", arrays="numpy"), np.array(given["decoder"][1][0], dtype=np.int64)
+greedy = model.generate(prompt, 8)
+sampled = [model.generate(prompt, 8, do_sample=True, temperature=0.8, top_k=40, top_p=0.9, seed=seed).tolist() for seed in (3, 3, 4)]
+report["sampled"] = [sampled[0] == sampled[1], sampled[0] != sampled[2], np.array(sampled).min() >= 0]
+stop = int(greedy[0, 2])
+stopped = model.generate(prompt[:1], 8, stop_tokens=[stop])
+report["stopped"] = [stopped.shape[1], int(stopped[0, -1]) == stop]
+report["stream"] = bool(np.array_equal(np.stack(list(model.stream(prompt, 8)), axis=1), greedy))
+other = load_compiled("decoder", arrays="numpy")
+model(prompt, np.arange(prompt.shape[1]))
+report["own state"] = [any(bool(s.any()) for s in model.state.values()), all(not s.any() for s in other.state.values())]
+model.reset()
+report["reset"] = all(not s.any() for s in model.state.values())
+alone = [load_compiled("decoder", arrays="numpy").generate(prompt[i : i + 1], 10) for i in range(2)]
+results = {}
+def work(i):
+    handle = load_compiled("decoder", arrays="numpy")
+    results[i] = [handle.generate(prompt[i : i + 1], 10) for _ in range(3)]
+threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+report["threads"] = all(np.array_equal(r, alone[i]) for i in range(2) for r in results[i])
+report["torch imported"] = "torch" in sys.modules
+print(json.dumps(report))
+"""
+
+
+@pytest.mark.release
+def test_decoders_generate_the_torch_paths_tokens_on_numpy_arrays_without_torch(generated: dict, state_venv: Venv, tmp_path: Path) -> None:
+    state_venv.pip("numpy")
+    given = {
+        "decoder": [[run["prompt"], new] for run, (_, _, new) in zip(generated["decoder"], DECODER_RUNS)],
+        "llama": {str(length): torch.randint(0, 256, (1, length), generator=torch.Generator().manual_seed(length)).tolist() for length in LM_PROMPTS},
+        "lm_new": LM_NEW,
+    }
+    report = _run(state_venv, tmp_path, NUMPY.replace("GIVEN", repr(json.dumps(given))))
+    assert report["decoder"] == [run["tokens"] for run in generated["decoder"]]
+    assert report["llama"] == generated["llama"]
+    assert report["explain"].startswith("  without torch (arrays='numpy'): yes, would load decoder/cpu_avx2_cpp.so (C++ form)"), report["explain"]
+    assert report["sampled"] == [True, True, True]
+    assert report["stopped"][1] and report["stopped"][0] <= 3
+    assert report["stream"] and report["own state"] == [True, True] and report["reset"] and report["threads"]
+    assert report["torch imported"] is False
 
 
 # Two handles: separate caches, reset, a new handle from load_compiled, and two threads

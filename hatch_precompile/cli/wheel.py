@@ -21,6 +21,7 @@ from typing import Any
 from ..backend.distfiles import record_hash
 from ..runtime._layout import BUILD_MODULE, MANIFEST_FILE, PRECOMPILED_DIR
 from ..runtime._schema import ArtifactEntry, BuiltWith, Manifest, ModelEntry, WeightSpec, has_cpp_form, has_lean_form, is_lean_only
+from ..runtime._weights import ITEM_SIZES
 from ._common import FAILED, OK, CommandError, field_lines, print_json, table
 
 
@@ -136,8 +137,9 @@ def inspect(args: argparse.Namespace) -> int:
     where it has that form (else why the build refused it, where the model asked
     for it), then "lean + artifact", "artifact only" and why the build refused
     the lean form, or, for int8, "lean only".
-    Then, per model, its precision (and quantized layers) and its state: the
-    buffers each handle holds a copy of, with their bytes.
+    Then, per model, its precision (and quantized layers), whether it runs on
+    NumPy arrays without torch (`arrays="numpy"`: its C++ form), or why not, and
+    its state: the buffers each handle holds a copy of, with their bytes.
 
     Reads the wheel as a zip file; installs, imports and verifies nothing (see
     `verify`).
@@ -164,6 +166,7 @@ def inspect(args: argparse.Namespace) -> int:
     print()
     for name, model in models.items():
         print(f"{name}: {_precision_text(model)}")
+        print(f"  without torch (arrays='numpy'): {model['without_torch']}")
         if model["state"]:
             buffers = ", ".join(f"{s['name']} ({'x'.join(map(str, s['shape']))} {s['dtype']})" for s in model["state"])
             print(f"  state: {buffers}; {_human(model['state_bytes_per_handle'])} per handle")
@@ -185,11 +188,22 @@ def _model_rows(manifest: Manifest) -> dict[str, dict[str, Any]]:
             "group_size": quantization.get("group_size") if quantization else None,
             "state": state,
             "state_bytes_per_handle": sum(s["bytes"] for s in state),
+            "without_torch": _without_torch(model),
         }
     return models
 
 
-ITEM_SIZES = {"float64": 8, "int64": 8, "float32": 4, "int32": 4, "bfloat16": 2, "float16": 2, "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
+def _without_torch(model: ModelEntry) -> str:
+    """Whether `load_compiled(..., arrays="numpy")` can run the model without
+    torch's Python, from the manifest alone: "yes", or "no: " and why."""
+    from ..runtime._cpp import numpy_refusal
+
+    for artifact in model["artifacts"]:
+        refusal = numpy_refusal(model, artifact)
+        if refusal:
+            return f"no: {artifact['file']}: {refusal}"
+    leaves = [*model["inputs"]["leaves"], *model["outputs"]["leaves"]]
+    return "yes" + (" (its bfloat16 arrays need ml_dtypes)" if any(leaf.get("dtype") == "bfloat16" for leaf in leaves) else "")
 
 
 def _bytes(spec: WeightSpec) -> int:

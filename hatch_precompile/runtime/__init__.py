@@ -194,16 +194,20 @@ def _load(name: str, fallback: str | None, state_dict: dict[str, Any] | None, mo
 
 def _on_torch(name: str, how: Plan, fallback: str | None, state_dict: dict[str, Any] | None, outputs: str | None) -> OnTorch:
     """The NumPy path's fallback: the torch path's model behind NumPy arrays."""
+    built = f"torch=={release(how.entry['artifacts'][0]['built_with']['torch'])}" if how.entry is not None else "torch"
+    cannot = f"model {name!r} cannot run on NumPy arrays here ({how.reason}), and its fallback runs it on torch"
     try:
         installed_torch()
     except ImportError as error:
-        built = f"torch=={release(how.entry['artifacts'][0]['built_with']['torch'])}" if how.entry is not None else "torch"
-        raise PrecompiledModelError(f"model {name!r} cannot run on NumPy arrays here ({how.reason}), and its fallback runs it on torch, which cannot be found ({error}): pip install {built}") from None
+        raise PrecompiledModelError(f"{cannot}, which cannot be found ({error}): pip install {built}") from None
     warnings.warn(f"model {name!r} runs on torch (imported) behind NumPy arrays: {how.reason}", PrecompiledFallbackWarning, stacklevel=4)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PrecompiledFallbackWarning)  # said once, above
-        tensors = None if state_dict is None else {key: _torch_tensor(value) for key, value in state_dict.items()}
-        on_torch = _load(name, fallback, tensors, None, "plain", "torch")
+        try:
+            tensors = None if state_dict is None else {key: _torch_tensor(value) for key, value in state_dict.items()}
+            on_torch = _load(name, fallback, tensors, None, "plain", "torch")
+        except ImportError as error:  # torch's files are there, but it does not import
+            raise PrecompiledModelError(f"{cannot}, which cannot be imported here ({error}): pip install {built}") from None
     contract = None
     if how.entry is not None:
         from ._contract import CallContract
