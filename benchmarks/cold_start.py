@@ -48,6 +48,14 @@ First output is timed from process start, `import torch` included:
 - load_compiled, plain outputs (bert only): `load_compiled(name, outputs="plain")`,
   which returns dicts and tuples instead of transformers' output classes, so that
   transformers is never imported; "n/a" where the loader has no such keyword
+- load_compiled, NumPy arrays, no torch (the encoder, BERT and the embedder):
+  `load_compiled(name, arrays="numpy")` in a process that imports numpy and the
+  package only (it fails if torch gets imported), on the same inputs saved as
+  arrays at setup; its first output is compared with load_compiled's (the C++
+  form) bit for bit
+- import numpy + dlopen libtorch_cpu.so (the NumPy path's floor): numpy
+  imported and torch's libc10.so and libtorch_cpu.so loaded by ctypes, which
+  every torch-free load pays before its model
 - ONNX Runtime, no torch in the process (every model but the MLPs), as its users
   run it: torch.onnx.export (dynamo, dynamic batch) at setup, which also saves
   the call's inputs as numpy arrays; then a process that imports numpy and
@@ -191,6 +199,9 @@ LOADER_NEXT = "load_compiled, next processes"
 COMPILE_CPP = "torch.compile cpp_wrapper, warm cache"
 LOADER, LOADER_ARTIFACT, LOADER_PLAIN = "load_compiled", "load_compiled, artifact form", "load_compiled, plain outputs"
 LOADER_LEAN = "load_compiled, lean form"
+LOADER_NUMPY = "load_compiled, NumPy arrays, no torch"
+NUMPY_FLOOR = "import numpy + dlopen libtorch_cpu.so (its floor)"
+NUMPY_CASES = (NUMPY_FLOOR, LOADER_NUMPY)  # run by NUMPY_CHILD: no torch in the process
 AOTI = "AOTInductor"
 ORT = "ONNX Runtime, no torch in the process"
 TORCH_FLOOR = "import torch alone (the floor)"
@@ -204,11 +215,11 @@ def cases_for(model: Model) -> list[str]:
     if model.key in ("minilm_int8", "embedder_int8"):  # the eager module is the float32 one's: only the int8 graph is new
         return [LOADER]
     if model.key == "embedder":
-        return [EAGER, TORCH_FLOOR, LOADER_LEAN, LOADER, AOTI]
+        return [EAGER, TORCH_FLOOR, LOADER_LEAN, LOADER, NUMPY_FLOOR, LOADER_NUMPY, AOTI]
     if model.package == "minilm":
         return [EAGER, TORCH_FLOOR, LOADER_LEAN, LOADER, ORT]
     plain = [LOADER_PLAIN] if model.library else []  # only a model with library output classes has "plain" ones
-    return [EAGER, TORCH_FLOOR, COMPILE_EMPTY, COMPILE_WARM, COMPILE_CPP, LOADER_LEAN, LOADER, LOADER_ARTIFACT, *plain, AOTI, ORT]
+    return [EAGER, TORCH_FLOOR, COMPILE_EMPTY, COMPILE_WARM, COMPILE_CPP, LOADER_LEAN, LOADER, LOADER_ARTIFACT, *plain, NUMPY_FLOOR, LOADER_NUMPY, AOTI, ORT]
 
 
 # One case in one fresh process: argv is the case, the number of timed calls and
@@ -341,6 +352,11 @@ def per_call(function):
     return sorted(times)[len(times) // 2]
 
 
+if case == "numpy setup":  # the call's inputs as arrays, for the NumPy path's process
+    import numpy
+    args, kwargs = inputs()
+    numpy.savez(spec["numpy_inputs"], **{f"arg{i}": a.numpy() for i, a in enumerate(args)}, **{f"kw_{k}": v.numpy() for k, v in kwargs.items()})
+    sys.exit(0)
 if case in ("aoti setup", "onnx setup"):
     with torch.no_grad():
         try:
@@ -368,9 +384,64 @@ with torch.no_grad():
         model(*args, **kwargs)
     call = per_call(lambda: model(*args, **kwargs))
     check = per_call(lambda: model.check_inputs(*args, **kwargs)) if case == "load_compiled" else None
+    call1 = None
+    if case == "load_compiled":  # and at batch 1, beside the NumPy path's; its first output, which that must equal
+        import numpy
+        numpy.save(spec["loader_output"], first_tensor(output).numpy())
+        one, kw_one = [a[:1] for a in args], {k: v[:1] for k, v in kwargs.items()}
+        call1 = per_call(lambda: model(*one, **kw_one))
 import resource
 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-print(json.dumps({"first": first, "call": call, "check": check, "rss": rss, "imported": imported}))
+print(json.dumps({"first": first, "call": call, "call1": call1, "check": check, "rss": rss, "imported": imported}))
+"""
+
+
+# The NumPy path as its users run it: numpy and the package, no torch in the
+# process (it fails if torch gets imported); the floor loads torch's libraries
+# alone, as the path does before its model.
+NUMPY_CHILD = r"""
+import json, os, sys, time
+start = time.perf_counter()
+import ctypes, importlib, importlib.util
+import numpy
+
+case, calls, spec = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
+os.environ.setdefault("OMP_NUM_THREADS", os.environ["BENCH_THREADS"])
+if case.startswith("import numpy"):
+    lib = os.path.join(importlib.util.find_spec("torch").submodule_search_locations[0], "lib")
+    for name in ("libc10.so", "libtorch_cpu.so"):
+        ctypes.CDLL(os.path.join(lib, name), mode=ctypes.RTLD_GLOBAL)
+    first = time.perf_counter() - start
+    import resource
+    print(json.dumps({"first": first, "call": None, "check": None, "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "imported": {n: n in sys.modules for n in spec["watched"]}}))
+    sys.exit(0)
+stored = numpy.load(spec["numpy_inputs"])
+args = [stored[k] for k in sorted(k for k in stored.files if k.startswith("arg"))]
+kwargs = {k[3:]: stored[k] for k in stored.files if k.startswith("kw_")}
+model = importlib.import_module(spec["package"]).load_compiled(spec["name"], arrays="numpy")
+output = model(*args, **kwargs)
+first = time.perf_counter() - start
+if "torch" in sys.modules:
+    raise SystemExit("the NumPy path imported torch")
+def first_array(value):
+    return value if isinstance(value, numpy.ndarray) else first_array(next(iter(value.values())) if hasattr(value, "values") else value[0])
+equal = bool(numpy.array_equal(first_array(output), numpy.load(spec["loader_output"]))) if os.path.exists(spec["loader_output"]) else None
+imported = {name: name in sys.modules for name in spec["watched"]}
+def per_call(function):
+    for _ in range(10):
+        function()
+    times = []
+    for _ in range(calls):
+        t = time.perf_counter()
+        function()
+        times.append(time.perf_counter() - t)
+    return sorted(times)[len(times) // 2]
+call = per_call(lambda: model(*args, **kwargs))
+one, kw_one = [a[:1] for a in args], {k: v[:1] for k, v in kwargs.items()}
+call1 = per_call(lambda: model(*one, **kw_one))
+import resource
+rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps({"first": first, "call": call, "call1": call1, "check": None, "rss": rss, "imported": imported, "equal": equal}))
 """
 
 
@@ -429,12 +500,15 @@ def run_child(case: str, model: Model, env: dict[str, str], calls: int, scratch:
         "aoti_package": str(scratch / f"{model.key}.pt2"),
         "onnx_file": str(scratch / f"{model.key}.onnx"),
         "onnx_inputs": str(scratch / f"{model.key}.inputs.npz"),
+        "numpy_inputs": str(scratch / f"{model.key}.numpy-inputs.npz"),
+        "loader_output": str(scratch / f"{model.key}.loader-output.npy"),
     }
     if model.package == "minilm":
         files["output_file"] = str(output_file(scratch, model, case))
     spec = json.dumps({**asdict(model), "batch": BATCH, "watched": watched, **files})
     try:
-        result = run_with_own_tmpdir([sys.executable, "-c", ORT_CHILD if case == ORT else CHILD, case, str(calls), spec], env, scratch, CHILD_TIMEOUT_S)
+        child = ORT_CHILD if case == ORT else NUMPY_CHILD if case in NUMPY_CASES else CHILD
+        result = run_with_own_tmpdir([sys.executable, "-c", child, case, str(calls), spec], env, scratch, CHILD_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         raise SystemExit(f"{model.key}, {case}: no result after {CHILD_TIMEOUT_S} s") from None
     if result.returncode != 0:
@@ -616,6 +690,19 @@ def print_table(model: Model, results: dict[str, list[dict]], threads: int) -> N
         )
     checks = [r["check"] * 1e6 for r in results[LOADER]]
     print(f"\nload_compiled input checks: {spread(checks, 1)} us per call, included in its steady-state time above")
+    numpy_runs = results.get(LOADER_NUMPY)
+    if numpy_runs and "skipped" not in numpy_runs[0]:
+        torch_floor = statistics.median(r["first"] for r in results[TORCH_FLOOR])
+        floor = statistics.median(r["first"] for r in results[NUMPY_FLOOR])
+        first = statistics.median(r["first"] for r in numpy_runs)
+        rss = statistics.median(r["rss"] for r in numpy_runs) / statistics.median(r["rss"] for r in results[LOADER])
+        print(
+            f"NumPy path: first output {first / torch_floor:.2f}x `import torch` alone, {first - floor:+.2f} s over its floor; "
+            f"peak RSS {rss:.2f}x load_compiled's; first output equal to load_compiled's bit for bit: {sorted({r['equal'] for r in numpy_runs}, key=str)}"
+        )
+        for key, batch in (("call", BATCH), ("call1", 1)):
+            ours, theirs = [r[key] * 1000 for r in numpy_runs], [r[key] * 1000 for r in results[LOADER]]
+            print(f"  per call at batch {batch}: {spread(ours, 3)} ms against load_compiled's {spread(theirs, 3)} ms: {statistics.median(ours) / statistics.median(theirs):.3f}x")
     for case, reason in skipped.items():
         print(f"{case}: n/a ({reason})")
     print()
@@ -643,7 +730,7 @@ def main() -> None:
         envs = Environments(scratch, args.threads)
         for model in models:  # setup: the AOTInductor package, the warm caches, the loader's stamp
             print(f"setup: {model.key}", file=sys.stderr, flush=True)
-            for case, setup in ((AOTI, "aoti setup"), (ORT, "onnx setup")):
+            for case, setup in ((AOTI, "aoti setup"), (ORT, "onnx setup"), (LOADER_NUMPY, "numpy setup")):
                 if case in cases_for(model):
                     run_child(setup, model, envs.for_case(EAGER, model), 0, scratch)
             for warm in (COMPILE_WARM, COMPILE_CPP, LOADER_NEXT):

@@ -88,6 +88,11 @@ def load(name: str, model: ModelEntry, artifact: ArtifactEntry, kind: ArrayKind)
     """Verify the library, load it once (so that a library that cannot load here
     fails now, not at a handle's first call); returns the graph to bind."""
     record = artifact["cpp"]
+    if kind.NAME == "numpy":
+        try:
+            _shim.load()
+        except _shim.ShimUnavailable as error:
+            raise FormUnavailable(str(error)) from None
     path = verified_path(record)
     if "ops" in record:  # the runner reads it from beside the library
         verified_path(record["ops"])

@@ -122,7 +122,7 @@ def _loaded() -> Shim:
             ctypes.CDLL(str(torch.libraries / "libc10.so"), mode=ctypes.RTLD_GLOBAL)
             return Shim(ctypes.CDLL(str(torch.libraries / PROVIDER), mode=ctypes.RTLD_GLOBAL))
         except OSError as error:
-            raise ShimUnavailable(f"torch {torch.version}'s {PROVIDER} cannot be loaded from {torch.libraries}: {error}") from None
+            raise ShimUnavailable(f"torch {torch.version}'s {PROVIDER} cannot be loaded from {torch.libraries} ({error}): reinstall torch=={torch.version.split('+')[0]}") from None
 
 
 def load() -> Shim:
