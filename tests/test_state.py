@@ -147,7 +147,7 @@ report["llama"] = {length: load_compiled("llama", arrays="numpy").generate(np.ar
 model, prompt = load_compiled("decoder", arrays="numpy"), np.array(given["decoder"][1][0], dtype=np.int64)
 greedy = model.generate(prompt, 8)
 sampled = [model.generate(prompt, 8, do_sample=True, temperature=0.8, top_k=40, top_p=0.9, seed=seed).tolist() for seed in (3, 3, 4)]
-report["sampled"] = [sampled[0] == sampled[1], sampled[0] != sampled[2], np.array(sampled).min() >= 0]
+report["sampled"] = [sampled[0] == sampled[1], sampled[0] != sampled[2], bool(np.array(sampled).min() >= 0)]
 stop = int(greedy[0, 2])
 stopped = model.generate(prompt[:1], 8, stop_tokens=[stop])
 report["stopped"] = [stopped.shape[1], int(stopped[0, -1]) == stop]
