@@ -409,7 +409,7 @@ case, calls, spec = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
 os.environ.setdefault("OMP_NUM_THREADS", os.environ["BENCH_THREADS"])
 if case.startswith("import numpy"):
     lib = os.path.join(importlib.util.find_spec("torch").submodule_search_locations[0], "lib")
-    for name in ("libc10.so", "libtorch_cpu.so"):
+    for name in ("libc10.so", "libtorch_cpu.so", "libtorch.so"):  # as runtime/_shim.py loads them
         ctypes.CDLL(os.path.join(lib, name), mode=ctypes.RTLD_GLOBAL)
     first = time.perf_counter() - start
     import resource

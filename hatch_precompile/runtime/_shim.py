@@ -28,7 +28,7 @@ from ._manifest import installed_torch
 
 Handle = ctypes.c_void_p  # AtenTensorHandle
 _Sizes = ctypes.POINTER(ctypes.c_int64)
-PROVIDER = "libtorch_cpu.so"  # what `load` opens, in torch's lib folder (after libc10.so, which it needs)
+PROVIDER = "libtorch_cpu.so"  # what `load` opens, in torch's lib folder (after libc10.so, which it needs; then libtorch.so)
 
 
 class ShimUnavailable(OSError):
@@ -120,7 +120,11 @@ def _loaded() -> Shim:
         torch = installed_torch()
         try:
             ctypes.CDLL(str(torch.libraries / "libc10.so"), mode=ctypes.RTLD_GLOBAL)
-            return Shim(ctypes.CDLL(str(torch.libraries / PROVIDER), mode=ctypes.RTLD_GLOBAL))
+            shim = Shim(ctypes.CDLL(str(torch.libraries / PROVIDER), mode=ctypes.RTLD_GLOBAL))
+            # A library built against a CUDA build of torch names libtorch.so too (for no symbol of it):
+            # loaded, so that the dynamic loader finds it by that name (on a CPU build it is a stub).
+            ctypes.CDLL(str(torch.libraries / "libtorch.so"), mode=ctypes.RTLD_GLOBAL)
+            return shim
         except OSError as error:
             raise ShimUnavailable(f"torch {torch.version}'s {PROVIDER} cannot be loaded from {torch.libraries} ({error}): reinstall torch=={torch.version.split('+')[0]}") from None
 
