@@ -276,10 +276,16 @@ print(json.dumps({"parent threads": torch.get_num_threads(), "workers": reports}
 """
 
 
-@pytest.mark.parametrize(("parent", "worker_threads"), [("call", 1), ("load", 2)])
-def test_workers_forked_after_the_model_ran_get_one_thread_and_do_not_hang(deploy_venv: Venv, parent: str, worker_threads: int) -> None:
-    """GNU OpenMP's pool does not survive fork: eager torch hangs here too (_fork.py)."""
-    process = subprocess.Popen([deploy_venv.python, "-c", FORKED_WORKERS, parent], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+@pytest.mark.parametrize(("parent", "stamped", "worker_threads"), [("call", False, 1), ("load", False, 1), ("load", True, 2)])
+def test_workers_forked_after_the_model_ran_get_one_thread_and_do_not_hang(deploy_venv: Venv, tmp_path: Path, parent: str, stamped: bool, worker_threads: int) -> None:
+    """GNU OpenMP's pool does not survive fork: eager torch hangs here too (_fork.py).
+    A first load checks the weights on every core (torch.sum), which starts the
+    pool: its children get one thread; with the stamp a first load left, loading
+    runs nothing in parallel, and they keep the parent's two."""
+    env = {**os.environ, "HATCH_PRECOMPILE_CACHE_DIR": str(tmp_path / "cache")}
+    if stamped:
+        deploy_venv.script("from example_pkg import load_compiled; load_compiled('encoder')", env=env)
+    process = subprocess.Popen([deploy_venv.python, "-c", FORKED_WORKERS, parent], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, env=env)
     try:
         stdout, stderr = process.communicate(timeout=120)
     except subprocess.TimeoutExpired:

@@ -61,9 +61,12 @@ class TorchArrays:
         return value.detach()
 
     def row_sums(self, data: Any, rows: int) -> bytearray:
-        """`_integrity.chunk_checksums`' row sums, on every core."""
+        """`_integrity.chunk_checksums`' row sums, on every core: OpenMP's pool
+        may start here, so a child forked after it gets one thread (`_fork.py`)."""
+        from . import _fork
         from ._integrity import torch_row_sums
 
+        _fork.note_call()
         return torch_row_sums(data, rows)
 
     def conformed(self, value: Any, want: str, layout: Any) -> Any:

@@ -6,8 +6,10 @@ the process that started it. A child forked after the pool has run inherits its
 state but not its threads, and its first parallel kernel, compiled or eager,
 waits for them forever. So when a model of this package has run in a process,
 each child forked from it is set to one thread as it starts (`after_in_child`),
-before it can call anything; a child forked after loading alone keeps the
-parent's thread count, since its pool starts afresh. One thread per worker is
+before it can call anything; so is a child forked after a load that checked
+the weights' checksums (torch sums them on every core, the first load after
+an install). A child forked after loading alone, with the weights' stamp
+left by an earlier load, keeps the parent's thread count: its pool starts afresh. One thread per worker is
 also how a server with as many workers as cores should run them (docs/usage.md).
 A process that ran models on NumPy arrays alone has no torch imported: its
 children get the same call from torch's library (`_shim.one_thread`).
@@ -23,7 +25,7 @@ _ran = threading.Event()  # a model ran in this process, or in the one it was fo
 
 
 def note_call() -> None:
-    """A model is about to run: OpenMP's pool may start in this process."""
+    """A model is about to run, or torch's parallel code: OpenMP's pool may start in this process."""
     if not _ran.is_set():
         _ran.set()
 
