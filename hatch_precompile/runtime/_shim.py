@@ -134,10 +134,6 @@ def load() -> Shim:
     return _loaded()
 
 
-def is_loaded() -> bool:
-    return _loaded.cache_info().currsize > 0
-
-
 def one_thread() -> None:
     """What `torch.set_num_threads(1)` does, for a child forked after a model ran."""
     _torch_private.set_num_threads(_loaded().library, 1)
