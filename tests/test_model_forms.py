@@ -519,6 +519,10 @@ with warnings.catch_warnings(record=True) as caught:
 report["fallback"] = [repr(factory).startswith("<<compiled model 'from_factory' from from_factory/cpu_avx2_cpp.so> behind NumPy arrays"), [w.category.__name__ for w in caught]]
 report["fallback output"] = bool(np.array_equal(factory(np.arange(15).reshape(3, 5) % 20), expected["from_factory"]))
 report["explain half"] = load_compiled.explain("half").splitlines()[1]
+try:
+    load_compiled("half", arrays="numpy", fallback="eager")
+except _precompiled.PrecompiledModelError as error:
+    report["half on torch"] = str(error)
 report["torch imported"] = "torch" in sys.modules
 print(json.dumps(report))
 """
@@ -532,6 +536,10 @@ print(json.dumps(report))
     assert 'its weights come from its factory (weights = "factory"), which only torch can run' in report["refused from_factory"], report["refused from_factory"]
     assert report["fallback"] == [True, ["PrecompiledFallbackWarning"]] and report["fallback output"]
     assert report["explain half"].startswith("  without torch (arrays='numpy'): no: ") and "install ml_dtypes" in report["explain half"]
+    assert report["half on torch"] == (
+        "model 'half' cannot take and return NumPy arrays here, on any form: its input x is bfloat16: "
+        "NumPy has no bfloat16 dtype: install ml_dtypes (`pip install ml_dtypes`), which defines the one JAX and ONNX use"
+    )
     assert report["torch imported"] is True  # the fallback imported it, after the rest ran without it
 
     forms.pip("ml_dtypes")

@@ -119,6 +119,8 @@ def test_each_bad_input_is_refused_by_name_and_the_process_lives_on(numpy_venv: 
             "a list": lambda: model(ids.tolist()),
             "a missing argument": lambda: model(),
             "an extra name": lambda: model(ids, extra=ids),
+            "an unknown kind of array": lambda: load_compiled("encoder", arrays="jax"),
+            "module= with NumPy arrays": lambda: load_compiled("encoder", arrays="numpy", module=object()),
         }
         for case, call in cases.items():
             try:
@@ -143,6 +145,8 @@ def test_each_bad_input_is_refused_by_name_and_the_process_lives_on(numpy_venv: 
         "a list": f"{where}: expected a NumPy array, got list",
         "a missing argument": "ValueError: model 'encoder': expected 1 positional argument(s), got 0",
         "an extra name": "ValueError: model 'encoder': keyword arguments differ from the compiled signature: missing none, unexpected ['extra']",
+        "an unknown kind of array": "ValueError: model 'encoder': arrays must be 'torch' or 'numpy', got 'jax'",
+        "module= with NumPy arrays": "ValueError: model 'encoder': module= holds torch tensors; with arrays='numpy' pass state_dict= of NumPy arrays",
         "still runs": [8, 64],
         "torch imported": False,
     }

@@ -85,7 +85,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from ._arrays import ARRAY_KINDS, array_kind
+from ._arrays import ARRAY_KINDS, array_kind, missing_numpy_dtype
 from ._choice import Plan, plan, why_form
 from ._errors import PrecompiledFallbackWarning, PrecompiledIntegrityError, PrecompiledModelError
 from ._graph import FormUnavailable
@@ -196,6 +196,9 @@ def _on_torch(name: str, how: Plan, fallback: str | None, state_dict: dict[str, 
     """The NumPy path's fallback: the torch path's model behind NumPy arrays."""
     built = f"torch=={release(how.entry['artifacts'][0]['built_with']['torch'])}" if how.entry is not None else "torch"
     cannot = f"model {name!r} cannot run on NumPy arrays here ({how.reason}), and its fallback runs it on torch"
+    unheld = missing_numpy_dtype(how.entry) if how.entry is not None else ""
+    if unheld:  # on torch too its arrays would need that dtype: refuse now, not at the first call
+        raise PrecompiledModelError(f"model {name!r} cannot take and return NumPy arrays here, on any form: {unheld}")
     try:
         installed_torch()
     except ImportError as error:

@@ -11,7 +11,10 @@ in this module imports torch or NumPy before a kind is asked for.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._schema import ModelEntry
 
 ARRAY_KINDS = ("torch", "numpy")
 
@@ -219,6 +222,19 @@ def numpy_dtype(name: str) -> Any:
             raise MissingDtypeError("NumPy has no bfloat16 dtype: install ml_dtypes (`pip install ml_dtypes`), which defines the one JAX and ONNX use") from None
         return numpy.dtype(ml_dtypes.bfloat16)
     return numpy.dtype(name)
+
+
+def missing_numpy_dtype(model: ModelEntry) -> str:
+    """Why NumPy cannot hold one of the model's inputs or outputs here (bfloat16
+    without ml_dtypes), whichever form runs it; "" where it can."""
+    leaves = [*((f"input {leaf['name']}", leaf) for leaf in model["inputs"]["leaves"]), *((f"output {i}", leaf) for i, leaf in enumerate(model["outputs"]["leaves"]))]
+    for where, leaf in leaves:
+        if leaf.get("dtype") == "bfloat16":
+            try:
+                numpy_dtype("bfloat16")
+            except MissingDtypeError as error:
+                return f"its {where} is bfloat16: {error}"
+    return ""
 
 
 def storage_dtype(name: str) -> Any:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _shim, _torch_private
-from ._arrays import ArrayKind, MissingDtypeError, numpy_dtype
+from ._arrays import ArrayKind, missing_numpy_dtype, numpy_dtype
 from ._container import ContainerLibrary
 from ._errors import PrecompiledIntegrityError
 from ._graph import FormUnavailable
@@ -60,16 +60,7 @@ def serves(model: ModelEntry, artifact: ArtifactEntry, arrays: str) -> str:
     "numpy") here; "" where it can."""
     if arrays == "torch":
         return ""
-    refusal = numpy_refusal(model, artifact)
-    if refusal:
-        return refusal
-    for where, leaf in [*((f"input {leaf['name']}", leaf) for leaf in model["inputs"]["leaves"]), *((f"output {i}", leaf) for i, leaf in enumerate(model["outputs"]["leaves"]))]:
-        if leaf.get("dtype") == "bfloat16":
-            try:
-                numpy_dtype("bfloat16")
-            except MissingDtypeError as error:
-                return f"its {where} is bfloat16: {error}"
-    return ""
+    return numpy_refusal(model, artifact) or missing_numpy_dtype(model)
 
 
 def numpy_refusal(model: ModelEntry, artifact: ArtifactEntry) -> str:
