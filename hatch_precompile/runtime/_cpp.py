@@ -174,13 +174,17 @@ class ArrayContainerGraph:
             container = self._library.create()
         # Dense and aligned, as compiled: a caller's strided array is bound as a copy.
         container.bind({constant: (numpy.require(weights[index], requirements=("C", "A")), code) for constant, (index, code) in self._constants.items()})
-        run, positions, outputs, returned = container.runner(self._codes), self._tensors, self._outputs, self._returned
+        run, positions, outputs, handed_back = container.runner(self._codes), self._tensors, self._outputs, {output: given for output, given in self._returned}
+        delete = self._library.shim.delete
 
         def run_on(inputs: list[Any]) -> list[Any]:
-            arrays = [inputs[index] for index in positions]
-            made = [array(handle, dtype) for (array, dtype), handle in zip(outputs, run(arrays))]
-            for output, given in returned:  # the container returned a view of this input: the caller's own is handed back
-                made[output] = inputs[given]
+            made = []
+            for output, ((array, dtype), handle) in enumerate(zip(outputs, run([inputs[index] for index in positions]))):
+                if output in handed_back:  # the container returned a view of this input: the caller's own is handed back
+                    delete(_shim.Handle(handle))
+                    made.append(inputs[handed_back[output]])
+                else:
+                    made.append(array(handle, dtype))
             return made
 
         return run_on
