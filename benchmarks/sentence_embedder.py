@@ -60,15 +60,32 @@ SENTENCES = [
 BATCHES = {"all": SENTENCES, "b8": SENTENCES[:8], "b1": SENTENCES[:1]}
 TORCH_FLOOR, NUMPY_FLOOR, NUMPY_CASE = "import torch", "import numpy", "embedder, numpy"
 
-CHILD = r"""
-import time
-started = time.perf_counter()
-import json, statistics, sys
-import torch
-case, calls, threads, folder = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+# What both kinds of child measure with: peak RSS, and the median call on a batch (`call` and `calls` are theirs).
+MEASURE = r"""
 def peak_rss_mb():
     with open("/proc/self/status") as status:
         return next(int(line.split()[1]) / 1024 for line in status if line.startswith("VmHWM:"))
+def per_call_ms(features):
+    for _ in range(3):
+        call(features)
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        call(features)
+        times.append(time.perf_counter() - start)
+    return 1000 * statistics.median(times)
+"""
+
+CHILD = (
+    r"""
+import time
+started = time.perf_counter()
+import json, statistics, sys
+"""
+    + MEASURE
+    + r"""
+import torch
+case, calls, threads, folder = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 if case == "import torch":
     print(json.dumps({"first": time.perf_counter() - started, "rss_mb": peak_rss_mb()}))
     sys.exit(0)
@@ -90,15 +107,6 @@ else:
         call = lambda features: model(features["input_ids"], features["attention_mask"])
 out = call(batches["all"])
 first = time.perf_counter() - started
-def per_call_ms(features):
-    for _ in range(3):
-        call(features)
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        call(features)
-        times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times)
 if case == "embedder":
     import numpy
     numpy.save(f"{folder}/embedder-output.npy", out.numpy())
@@ -106,17 +114,19 @@ reference = torch.load(f"{folder}/reference.pt")
 cosines = torch.nn.functional.cosine_similarity(out, reference).tolist()
 print(json.dumps({"first": first, "per_call_ms": {name: per_call_ms(batches[name]) for name in ("all", "b8", "b1")}, "rss_mb": peak_rss_mb(), "cosines": cosines}))
 """
+)
 
 # The cases without torch: numpy's floor, and the embedder on NumPy arrays. Threads by OMP_NUM_THREADS.
-NUMPY_CHILD = r"""
+NUMPY_CHILD = (
+    r"""
 import time
 started = time.perf_counter()
 import json, os, statistics, sys
+"""
+    + MEASURE
+    + r"""
 import numpy
 case, calls, threads, folder = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-def peak_rss_mb():
-    with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) / 1024 for line in status if line.startswith("VmHWM:"))
 if case == "import numpy":
     import ctypes, importlib.util
     lib = os.path.join(importlib.util.find_spec("torch").submodule_search_locations[0], "lib")
@@ -132,20 +142,12 @@ out = call(batches["all"])
 first = time.perf_counter() - started
 if "torch" in sys.modules:
     raise SystemExit("the NumPy path imported torch")
-def per_call_ms(features):
-    for _ in range(3):
-        call(features)
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        call(features)
-        times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times)
 reference = numpy.load(f"{folder}/reference.npy")
 cosines = ((out * reference).sum(1) / numpy.linalg.norm(out, axis=1) / numpy.linalg.norm(reference, axis=1)).tolist()
 same = bool(numpy.array_equal(out, numpy.load(f"{folder}/embedder-output.npy")))
 print(json.dumps({"first": first, "per_call_ms": {name: per_call_ms(batches[name]) for name in ("all", "b8", "b1")}, "rss_mb": peak_rss_mb(), "cosines": cosines, "bit_identical": same}))
 """
+)
 
 CASES = [TORCH_FLOOR, NUMPY_FLOOR, "eager", "embedder", NUMPY_CASE, "embedding", "embedding_int8"]
 LABELS = {
