@@ -146,6 +146,11 @@ class Case:
     flattered: bool = False  # int4 with groups of 32 on dequantized Q4_1 weights
     form: str = ""  # HATCH_PRECOMPILE_FORM for a wheel case ("" for the loader's default)
 
+    @property
+    def slug(self) -> str:
+        """The name as a file name, for the case's scratch files."""
+        return "".join(c if c.isalnum() else "-" for c in self.name)
+
 
 BASELINE = Case("transformers eager, float32", "eager")
 EAGER_CASES = [BASELINE, Case("transformers eager, bfloat16", "eager", dtype="bfloat16")]
@@ -418,7 +423,7 @@ class Runner:
         if case.kind == "eager":
             folder = tempfile.mkdtemp(prefix="case-", dir=self.scratch)
             return {**self.base, "TORCHINDUCTOR_CACHE_DIR": f"{folder}/inductor", "HATCH_PRECOMPILE_CACHE_DIR": f"{folder}/hp"}
-        folder = self.scratch / "".join(c if c.isalnum() else "-" for c in case.name)
+        folder = self.scratch / case.slug
         env = {**self.no_compiler, "TORCHINDUCTOR_CACHE_DIR": f"{folder}/inductor", "HATCH_PRECOMPILE_CACHE_DIR": f"{folder}/hp"}
         if case.form:
             env["HATCH_PRECOMPILE_FORM"] = case.form
@@ -459,8 +464,7 @@ class Runner:
         return self.torch_child("accuracy", case, logits_file=str(self.logits_file(case)), **common)
 
     def logits_file(self, case: Case) -> Path:
-        name = "".join(c if c.isalnum() else "-" for c in case.name)
-        return self.scratch / (name + (".pt" if case.kind in ("eager", "wheel") else ".npy"))
+        return self.scratch / (case.slug + (".pt" if case.kind in ("eager", "wheel") else ".npy"))
 
     def llama_cases(self) -> list[Case]:
         """benchmarks/llama_cpp.py makes (or finds in --llama-cpp-work) its GGUFs of the model folder, measuring

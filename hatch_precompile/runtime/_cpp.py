@@ -157,7 +157,7 @@ class ArrayContainerGraph:
         self._tensors = [index for index, leaf in enumerate(leaves) if "dtype" in leaf]
         self._codes = [shim.dtype_code(leaves[index]["dtype"]) for index in self._tensors]
         self._outputs = [(shim.array, numpy_dtype(leaf["dtype"])) for leaf in model["outputs"]["leaves"]]
-        self._returned = record.get("returned_inputs", [])
+        self._handed_back = {output: given for output, given in record.get("returned_inputs", [])}  # output -> the input it views
         self._first: Any = self._library.create()
         unbound = sorted(set(self._first.constant_names()) - set(self._constants))
         if unbound:
@@ -174,7 +174,7 @@ class ArrayContainerGraph:
             container = self._library.create()
         # Dense and aligned, as compiled: a caller's strided array is bound as a copy.
         container.bind({constant: (numpy.require(weights[index], requirements=("C", "A")), code) for constant, (index, code) in self._constants.items()})
-        run, positions, outputs, handed_back = container.runner(self._codes), self._tensors, self._outputs, {output: given for output, given in self._returned}
+        run, positions, outputs, handed_back = container.runner(self._codes), self._tensors, self._outputs, self._handed_back
         delete = self._library.shim.delete
 
         def run_on(inputs: list[Any]) -> list[Any]:
