@@ -35,7 +35,7 @@ class PrecompileBuildHook(BuildHookInterface[BuilderConfig]):
 
     def _initialize(self, version: str, build_data: dict[str, Any]) -> None:
         config = parse_config(self.config)
-        requirements = runtime_requirements()
+        requirements = runtime_requirements(config.torch_free)
         build_data["dependencies"].extend(requirements)
         if self.target_name != "wheel":
             return  # the sdist carries the same pins and no compiled files
@@ -54,6 +54,8 @@ class PrecompileBuildHook(BuildHookInterface[BuilderConfig]):
         except BaseException:
             self._remove_staging()
             raise
+        if config.torch_free and not precompiled.torch_free:  # a model fell back to forms that need torch
+            build_data["dependencies"].extend(runtime_requirements())
         build_data["force_include"].update(precompiled.files)
         build_data["pure_python"] = False
         build_data["tag"] = precompiled.tag

@@ -103,6 +103,8 @@ def build_wheel(wheel_directory: str, config_settings: dict[str, Any] | None = N
         staging = scratch / "staging"
         staging.mkdir()
         precompiled = precompile(root, config, package, package_dir, staging, _REPORT)
+        if config.torch_free and not precompiled.torch_free:  # a model fell back to forms that need torch
+            requirements = [*requirements, *runtime_requirements()]
         return rewrite_wheel(
             built / name,
             Path(wheel_directory),
@@ -155,8 +157,9 @@ def prepare_metadata_for_build_editable(metadata_directory: str, config_settings
 
 
 def _project(root: Path) -> tuple[PrecompileConfig, list[str]]:
-    """The validated table, and the pins the wheel requires (torch==X)."""
-    return parse_config(read_table(root)), runtime_requirements()
+    """The validated table, and the pins the wheel requires (torch==X, or NumPy where every model is torch-free)."""
+    config = parse_config(read_table(root))
+    return config, runtime_requirements(config.torch_free)
 
 
 def _table_build_requirements(root: Path) -> list[str]:

@@ -20,8 +20,9 @@ from packaging.version import Version
 from .. import __version__
 from ..runtime import MANIFEST_FORMAT
 from ..runtime._integrity import CHUNK_SIZE, chunk_checksums, file_sha256, numpy_row_sums
-from ..runtime._layout import BUILD_MODULE, KERNELS_DIR, MANIFEST_FILE, PRECOMPILED_DIR, kernel_file
-from ..runtime._schema import ArtifactEntry, FileDigest, ModelEntry, has_cpp_form, has_lean_form, is_lean_only
+from ..runtime._layout import BUILD_MODULE, KERNELS_DIR, MANIFEST_FILE, OPENMP_FILE, PRECOMPILED_DIR, SHIM_FILE, kernel_file
+from ..runtime._schema import ArtifactEntry, FileDigest, ModelEntry, has_cpp_form, has_lean_form, is_lean_only, is_torch_free
+from ..shim.build import compile_shim, openmp_runtime
 from .native import stricter_platform
 
 RUNTIME_DIR = Path(__file__).parent.parent / "runtime"
@@ -34,10 +35,15 @@ def torch_version() -> str:
     return importlib.metadata.version("torch")
 
 
-def runtime_requirements() -> list[str]:
+def runtime_requirements(torch_free: bool = False) -> list[str]:
     """Requires-Dist lines: the exact torch release built with (no local label).
-    The loader needs nothing else: it reads the shipped safetensors file itself."""
-    return [f"torch=={Version(torch_version()).public}"]
+    The loader needs nothing else: it reads the shipped safetensors file itself.
+    A wheel whose every model is torch-free needs NumPy instead (its arrays, and
+    its BLAS for the shim's matrix products)."""
+    return [NUMPY_REQUIREMENT] if torch_free else [f"torch=={Version(torch_version()).public}"]
+
+
+NUMPY_REQUIREMENT = "numpy>=1.26"  # the oldest whose wheels' OpenBLAS the shim was seen to use (`runtime/_shim._SGEMM`)
 
 
 def wheel_tag(kernel_policies: list[str], stable_abi: bool) -> str:
@@ -102,7 +108,13 @@ def assemble(staging: Path, package: str, entries: dict[str, ModelEntry]) -> dic
         kernel_keys = sorted({key for a in entry["artifacts"] for key in a["kernels"]})
         entry["kernels"] = {key: {"file": f"{model}/{KERNELS_DIR}/{kernel_file(key)}", **file_record(model_dir / KERNELS_DIR / kernel_file(key))} for key in kernel_keys}
         models[model] = entry
-    manifest = {"format": MANIFEST_FORMAT, "built_by": f"hatch-precompile {__version__}", "package": package, "models": models}
+    manifest: dict[str, Any] = {"format": MANIFEST_FORMAT, "built_by": f"hatch-precompile {__version__}", "package": package, "models": models}
+    references = {symbol for entry in models.values() for a in entry["artifacts"] if is_torch_free(a) for symbol in a["cpp"]["references"]}
+    if references:
+        compile_shim(references, staging / SHIM_FILE)
+        shutil.copyfile(openmp_runtime(), staging / OPENMP_FILE)
+        manifest["shim"] = {"file": SHIM_FILE, **file_record(staging / SHIM_FILE)}
+        manifest["openmp"] = {"file": OPENMP_FILE, **file_record(staging / OPENMP_FILE)}
     manifest_bytes = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
     (staging / MANIFEST_FILE).write_bytes(manifest_bytes)
     # The loader checks the manifest against this digest; the wheel's RECORD covers this file.
@@ -112,6 +124,7 @@ def assemble(staging: Path, package: str, entries: dict[str, ModelEntry]) -> dic
     )
 
     shipped = [staging / MANIFEST_FILE, staging / BUILD_MODULE, *(staging / n for n in RUNTIME_FILES)]
+    shipped += [staging / manifest[key]["file"] for key in ("shim", "openmp") if key in manifest]
     for entry in models.values():
         if "file" in entry["weights"]:
             shipped.append(staging / entry["weights"]["file"])

@@ -106,6 +106,11 @@ class PrecompileConfig:
     remote_cache: str | None = None  # the shared store's URL (never with a password: that comes from the environment)
     remote_cache_mode: RemoteCacheMode = "read-write"
 
+    @property
+    def torch_free(self) -> bool:
+        """Every model asks for a torch-free form: the wheel is meant to need NumPy, not torch."""
+        return bool(self.models) and all(model.torch_free for model in self.models.values())
+
 
 class _Checker:
     """Collects problems instead of stopping at the first one."""
@@ -267,6 +272,8 @@ def _parse_model(check: _Checker, name: str, raw: dict[str, Any], path: str, tab
         values["cpu_targets"] = _parse_cpu_targets(check, raw["cpu-targets"], f"{path}.cpu-targets")
     values["accuracy"] = _parse_accuracy(check, raw.get("accuracy", {}), f"{path}.accuracy")
     _check_quantize(check, raw, path, values)
+    if values.get("torch_free") and not values.get("cpp_form", True):
+        check.fail(f"{path}.torch-free", "is a kind of C++ form, so it needs `cpp-form = true` (this model or the table sets it false)")
 
     if len(check.problems) > before:
         return None

@@ -297,6 +297,20 @@ class ModelConfig:
             keyed=True,
         ),
     )
+    torch_free: bool = field(
+        default=False,
+        metadata=setting(
+            "torch-free",
+            BOOLEAN,
+            "`false`",
+            "build the C++ form without libtorch (AOTInductor's `link_libtorch = false`), on a shim the wheel builds of its own, "
+            "so that it runs on NumPy arrays in an environment without torch (see [The torch-free form](usage.md#the-torch-free-form)); "
+            "a model whose graph calls an operator the shim does not give builds the usual C++ form instead under the fallback policy, "
+            'and fails with `fallback = "error"`; needs `cpp-form`',
+            compiled=True,
+            keyed=True,
+        ),
+    )
 
     def to_json(self) -> dict[str, Any]:
         """The plain-data form handed to the compile worker and kept in a part."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..runtime._layout import PRECOMPILED_DIR
-from ..runtime._schema import has_lean_form
+from ..runtime._schema import has_lean_form, is_torch_free
 from .assemble import assemble, runtime_requirements, torch_version, wheel_tag
 from .cache import EntryStore
 from .config import ConfigError, PrecompileConfig, parse_config
@@ -46,6 +46,7 @@ EDITABLE_MESSAGE = "precompile: editable install, models are not compiled; load_
 class Precompiled:
     files: dict[str, str]  # a staged file -> its path in the wheel
     tag: str  # the wheel's tag: this Python, its ABI (abi3 where every variant has a lean form), the stricter of torch's and the kernels' platforms
+    torch_free: bool  # every variant has a torch-free form: the wheel runs without torch
 
 
 def check_sdist_pins(root: Path, requirements: list[str]) -> None:
@@ -85,7 +86,7 @@ def precompile(root: Path, config: PrecompileConfig, package: str, package_dir: 
     into `staging`, and lay out the wheel's `_precompiled/` there."""
     settings = resolve_settings(config)
     claims = read_parts(settings.parts, config)
-    report.info(f"precompile: compiling with torch {torch_version()}; the wheel requires {runtime_requirements()[0]}")
+    report.info(f"precompile: compiling with torch {torch_version()}; the wheel requires {runtime_requirements(config.torch_free)[0]}")
     cache = _entry_store(settings.cache)
     plan = BuildPlan(
         root=root,
@@ -105,7 +106,7 @@ def precompile(root: Path, config: PrecompileConfig, package: str, package_dir: 
     files = assemble(staging, package, entries)
     artifacts = [a for entry in entries.values() for a in entry["artifacts"]]
     stable_abi = all(has_lean_form(a) for a in artifacts)
-    return Precompiled(files, wheel_tag([a["native"]["policy"] for a in artifacts], stable_abi))
+    return Precompiled(files, wheel_tag([a["native"]["policy"] for a in artifacts], stable_abi), all(is_torch_free(a) for a in artifacts))
 
 
 def compile_part(

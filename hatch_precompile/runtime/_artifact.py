@@ -17,8 +17,8 @@ from ._cache import inductor_cache_in, private_cache_dir
 from ._errors import PrecompiledIntegrityError
 from ._graph import PositionalGraph, torch_only
 from ._integrity import verified_bytes, verified_kernels
-from ._manifest import HERE, release
-from ._schema import ArtifactEntry, BuiltWith, ModelEntry, TorchAndPython, is_lean_only
+from ._manifest import HERE, release, same_torch_release
+from ._schema import ArtifactEntry, ModelEntry, TorchAndPython, is_lean_only
 
 NAME, TITLE = "artifact", "artifact form"
 
@@ -35,8 +35,11 @@ def file(artifact: ArtifactEntry) -> str:
     return artifact["file"]
 
 
-def problems(built: BuiltWith, here: TorchAndPython) -> list[str]:
+def problems(artifact: ArtifactEntry, here: TorchAndPython) -> list[str]:
     """It unpickles inductor's objects: exactly the torch build and Python it was made with."""
+    built = artifact["built_with"]
+    if not here["torch"]:
+        return same_torch_release(built, here)
     found = []
     if built["torch"] != here["torch"]:
         found.append("torch differs" + (": it needs that exact build" if release(built["torch"]) == release(here["torch"]) else ""))

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 from . import _artifact, _cpp, _lean
 from ._graph import Form
-from ._manifest import CPU_TARGET_VARIABLE, HERE, MANIFEST, TorchMissing, aten_level, model_from_source_config, native_problems, read_manifest, release, running_environment, torch_and_python
-from ._schema import ArtifactEntry, BuiltWith, Manifest, ModelEntry, SourceModel, TorchAndPython
+from ._manifest import CPU_TARGET_VARIABLE, HERE, MANIFEST, aten_level, model_from_source_config, native_problems, process_torch_and_python, read_manifest, release, running_environment
+from ._schema import ArtifactEntry, Manifest, ModelEntry, SourceModel, TorchAndPython, is_torch_free
 
 FORMS: dict[str, Form] = {_cpp.NAME: _cpp, _lean.NAME: _lean, _artifact.NAME: _artifact}  # preferred first
 FORM_VARIABLE = "HATCH_PRECOMPILE_FORM"  # "auto" (default: the first that fits) or one form's name
@@ -63,12 +63,18 @@ def plan(name: str, manifest: Manifest | None = None, arrays: str = "torch") -> 
     if model is None:
         known = ", ".join(sorted(manifest["models"])) or "none"
         raise KeyError(f"no model named {name!r} in {MANIFEST} (models: {known})")
-    try:
-        choices, reason = _choose(model, arrays)
-    except TorchMissing as error:
+    choices, reason = _choose(model, arrays)
+    if not choices and not process_torch_and_python()["torch"]:
         built = release(model["artifacts"][0]["built_with"]["torch"])
-        return Plan(model, model, [], f"{error}: this package's compiled models run on torch {built}'s libraries (pip install torch=={built})")
+        reason = f"torch is not installed: this package's compiled model {name!r} runs on torch {built}'s libraries (pip install torch=={built}){_torch_free_hint(model, arrays)}"
     return Plan(model, model, choices, reason)
+
+
+def _torch_free_hint(model: ModelEntry, arrays: str) -> str:
+    """Where a model has a torch-free form but the caller holds tensors, the way to it."""
+    if arrays == "numpy" or not any(is_torch_free(artifact) for artifact in model["artifacts"]):
+        return ""
+    return '; its torch-free form runs without torch on NumPy arrays (arrays="numpy")'
 
 
 def requested_form() -> str:
@@ -105,26 +111,27 @@ def _choose(model: ModelEntry, arrays: str) -> tuple[list[Choice], str]:
             problems.append(f"torch runs {here['aten_capability']} kernels here, not {first['aten_capability']} (see ATEN_CPU_CAPABILITY)")
         problems += native_problems(first["native"])
         if not problems:
-            forms = form_problems(built, here)
-            chosen = [form_for(model, artifact, forms, arrays) for artifact in artifacts]
+            chosen = [form_for(model, artifact, form_problems(artifact, here), arrays) for artifact in artifacts]
             choices = [Choice(artifact, how, arrays) for artifact, how in zip(artifacts, chosen) if how is not None]
             if len(choices) == len(artifacts):
                 return choices, ""
-            problems.append(_none_fits(model, artifacts[chosen.index(None)], forms, arrays))
+            unfit = artifacts[chosen.index(None)]
+            problems.append(_none_fits(model, unfit, form_problems(unfit, here), arrays))
         reasons.append(
             f"{first['file']} was built with torch {built['torch']} ({built['torch_git'][:12]}) on cp{built['python'].replace('.', '')} {built['platform']} for {target}: " + ", ".join(problems)
         )
     found = ", ".join(sorted(here["cpu_features"])) or "none"
-    running = f"running torch {here['torch']} ({here['torch_git'][:12]}) on cp{here['python'].replace('.', '')} {here['platform']} with {here['aten_capability']} kernels and CPU features: {found}"
+    torch = f"torch {here['torch']} ({here['torch_git'][:12]})" if here["torch"] else "no torch"
+    running = f"running {torch} on cp{here['python'].replace('.', '')} {here['platform']} with {here['aten_capability']} kernels and CPU features: {found}"
     return [], f"no shipped artifact fits this process: {'; '.join(reasons)}; {running}"
 
 
-def form_problems(built: BuiltWith, here: TorchAndPython) -> dict[str, list[str]]:
-    """Why each form cannot run here, given the torch and Python the variants
-    were built with (each form's own rules) and the form asked for; an empty
+def form_problems(artifact: ArtifactEntry, here: TorchAndPython) -> dict[str, list[str]]:
+    """Why each form of a variant cannot run here, given the torch and Python it
+    was built with (each form's own rules) and the form asked for; an empty
     list where it can."""
     requested = requested_form()
-    return {name: ([f"{FORM_VARIABLE}={requested}"] if requested not in ("auto", name) else []) + form.problems(built, here) for name, form in FORMS.items()}
+    return {name: ([f"{FORM_VARIABLE}={requested}"] if requested not in ("auto", name) else []) + form.problems(artifact, here) for name, form in FORMS.items()}
 
 
 def form_for(model: ModelEntry, artifact: ArtifactEntry, forms: dict[str, list[str]], arrays: str, after: str | None = None) -> str | None:
@@ -138,7 +145,7 @@ def form_for(model: ModelEntry, artifact: ArtifactEntry, forms: dict[str, list[s
 def next_form(model: ModelEntry, choice: Choice) -> Choice | None:
     """The form a variant loads in when its chosen form failed to load here: the
     first after it (in `FORMS`' order) that the build shipped and that fits."""
-    form = form_for(model, choice.artifact, form_problems(choice.artifact["built_with"], torch_and_python()), choice.arrays, after=choice.form)
+    form = form_for(model, choice.artifact, form_problems(choice.artifact, process_torch_and_python()), choice.arrays, after=choice.form)
     return None if form is None else Choice(choice.artifact, form, choice.arrays)
 
 
@@ -161,7 +168,7 @@ def why_form(choice: Choice) -> str:
     `explain()` and `hatch-precompile inspect` say it ("" where none was, such as
     the lean form of a model built without `cpp-form`)."""
     requested = requested_form()
-    problems = form_problems(choice.artifact["built_with"], torch_and_python())
+    problems = form_problems(choice.artifact, process_torch_and_python())
     reasons = []
     for name, form in FORMS.items():
         if name == choice.form:

@@ -29,7 +29,7 @@ from ._errors import PrecompiledIntegrityError
 from ._graph import FormUnavailable
 from ._integrity import verified_path
 from ._manifest import HERE, same_torch_release, version_numbers
-from ._schema import ArtifactEntry, BuiltWith, CppRecord, InputLeaf, ModelEntry, TorchAndPython, has_cpp_form
+from ._schema import ArtifactEntry, CppRecord, InputLeaf, ModelEntry, TorchAndPython, has_cpp_form, is_torch_free
 
 NAME, TITLE = "cpp", "C++ form"
 
@@ -45,11 +45,13 @@ def file(artifact: ArtifactEntry) -> str:
     return artifact["cpp"]["file"]
 
 
-def problems(built: BuiltWith, here: TorchAndPython) -> list[str]:
+def problems(artifact: ArtifactEntry, here: TorchAndPython) -> list[str]:
     """A library linked against the libtorch of the release it was built with (any
-    build of it: +cpu, CUDA), with no Python symbol; the wheel's tag still
-    promises the build's Python or a later one."""
-    found = same_torch_release(built, here)
+    build of it: +cpu, CUDA), or a torch-free one, which needs no torch at all;
+    neither has a Python symbol, and the wheel's tag still promises the build's
+    Python or a later one."""
+    built = artifact["built_with"]
+    found = [] if is_torch_free(artifact) else same_torch_release(built, here)
     if version_numbers(here["python"]) < version_numbers(built["python"]):
         found.append(f"python differs: the wheel is for CPython {built['python']} or later")
     return found
@@ -59,7 +61,7 @@ def serves(model: ModelEntry, artifact: ArtifactEntry, arrays: str) -> str:
     """Why this variant's C++ form cannot take and return `arrays` ("torch" or
     "numpy") here; "" where it can."""
     if arrays == "torch":
-        return ""
+        return 'it is torch-free: it runs on NumPy arrays (arrays="numpy"), on the wheel\'s own shim' if is_torch_free(artifact) else ""
     return numpy_refusal(model, artifact) or missing_numpy_dtype(model)
 
 
@@ -79,9 +81,10 @@ def load(name: str, model: ModelEntry, artifact: ArtifactEntry, kind: ArrayKind)
     """Verify the library, load it once (so that a library that cannot load here
     fails now, not at a handle's first call); returns the graph to bind."""
     record = artifact["cpp"]
+    own = own_shim(artifact)
     if kind.NAME == "numpy":
         try:
-            _shim.load()
+            _shim.load(own)
         except _shim.ShimUnavailable as error:
             raise FormUnavailable(str(error)) from None
     path = verified_path(record)
@@ -89,12 +92,26 @@ def load(name: str, model: ModelEntry, artifact: ArtifactEntry, kind: ArrayKind)
         verified_path(record["ops"])
     try:
         if kind.NAME == "numpy":
-            return ArrayContainerGraph(path, record, model)
+            return ArrayContainerGraph(path, record, model, own)
         return ContainerGraph(path, record, model["weights"]["order"], model["inputs"]["leaves"])
     except PrecompiledIntegrityError:
         raise
     except (RuntimeError, OSError) as error:
         raise FormUnavailable(f"{HERE / record['file']} cannot be loaded here: {error}") from None
+
+
+def own_shim(artifact: ArtifactEntry) -> Path | None:
+    """The wheel's own shim, verified against the manifest, for a torch-free
+    variant; None for one that runs on torch's."""
+    if not is_torch_free(artifact):
+        return None
+    from ._manifest import read_manifest
+
+    manifest = read_manifest()
+    if manifest is None or "shim" not in manifest or "openmp" not in manifest:
+        raise PrecompiledIntegrityError(f"{artifact['cpp']['file']} is torch-free, but {HERE} ships no shim for it (the manifest names none)")
+    verified_path(manifest["openmp"])
+    return verified_path(manifest["shim"])
 
 
 class ContainerGraph:
@@ -148,8 +165,8 @@ class ArrayContainerGraph:
     dynamic loader refuses the library); `bind` gives a function of the call's
     flat input arrays, which returns its output arrays."""
 
-    def __init__(self, path: Path, record: CppRecord, model: ModelEntry) -> None:
-        shim = _shim.load()
+    def __init__(self, path: Path, record: CppRecord, model: ModelEntry, own_shim: Path | None = None) -> None:
+        shim = _shim.load(own_shim)
         self.path, self._library = path, ContainerLibrary(path, shim)
         order, specs = model["weights"]["order"], model["weights"]["specs"]
         self._constants = {constant: (order.index(weight), shim.dtype_code(specs[weight]["dtype"])) for constant, weight in record["constants"].items()}

@@ -37,10 +37,9 @@ def _one_thread_in_the_child() -> None:
         import torch
 
         torch.set_num_threads(1)
-    else:  # only NumPy arrays ran here: the same call, without torch's Python
-        from . import _shim
+    from . import _shim  # the same call for the NumPy path's shim (torch's, or the wheel's own OpenMP pool)
 
-        _shim.one_thread()
+    _shim.one_thread()
 
 
 os.register_at_fork(after_in_child=_one_thread_in_the_child)

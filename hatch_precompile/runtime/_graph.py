@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ._arrays import ArrayKind
-from ._schema import ArtifactEntry, BuiltWith, ModelEntry, TorchAndPython
+from ._schema import ArtifactEntry, ModelEntry, TorchAndPython
 
 
 class Graph(Protocol):
@@ -39,8 +39,8 @@ class Form(Protocol):
         so; "" where it shipped one, or the model did not ask for one."""
         ...
 
-    def problems(self, built: BuiltWith, here: TorchAndPython) -> list[str]:
-        """What this process lacks to run the form, for variants built with `built`."""
+    def problems(self, artifact: ArtifactEntry, here: TorchAndPython) -> list[str]:
+        """What this process lacks to run the variant in this form (its `built_with` says what it was built with)."""
         ...
 
     def file(self, artifact: ArtifactEntry) -> str:

@@ -5,6 +5,8 @@ them by these names and the loader reads them by the same ones.
       __init__.py, _manifest.py, ...   the loader: this folder's modules, copied
       _build.py                        MANIFEST_SHA256, the digest of manifest.json (generated)
       manifest.json                    every model, artifact, kernel and weights file, with sizes and sha256
+      libaoti_shim.so                  the wheel's own shim, where a model has a torch-free form (`SHIM_FILE`),
+      libgomp_so_1.so                  and the OpenMP runtime it and those libraries link (`OPENMP_FILE`)
       <model>/
         weights.safetensors            the weights (`weights = "embed"`)
         cpu_avx2.bin                   an artifact: one per CPU target and shape variant,
@@ -28,6 +30,8 @@ MANIFEST_FILE = "manifest.json"
 BUILD_MODULE = "_build.py"
 WEIGHTS_FILE = "weights.safetensors"
 KERNELS_DIR = "kernels"
+SHIM_FILE = "libaoti_shim.so"
+OPENMP_FILE = "libgomp_so_1.so"  # libgomp.so.1 by its soname, which the loader loads first
 
 
 def kernel_file(key: str) -> str:

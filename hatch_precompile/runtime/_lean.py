@@ -22,7 +22,7 @@ from ._frozen_tensors import rebuild_constants
 from ._graph import PositionalGraph, torch_only
 from ._integrity import verified_bytes, verified_kernels
 from ._manifest import HERE, same_torch_release, version_numbers
-from ._schema import ArtifactEntry, BuiltWith, ModelEntry, TorchAndPython, has_lean_form, is_lean_only
+from ._schema import ArtifactEntry, ModelEntry, TorchAndPython, has_lean_form, is_lean_only
 
 NAME, TITLE = "lean", "lean form"
 
@@ -38,10 +38,11 @@ def file(artifact: ArtifactEntry) -> str:
     return artifact["lean"]["file"]
 
 
-def problems(built: BuiltWith, here: TorchAndPython) -> list[str]:
+def problems(artifact: ArtifactEntry, here: TorchAndPython) -> list[str]:
     """Inductor's output module (Python source) runs with kernels that are
     stable-ABI extensions of the Python they were built with: the same torch
     release (its op signatures, the module's helpers) and that Python or a later one."""
+    built = artifact["built_with"]
     found = same_torch_release(built, here)
     if version_numbers(here["python"]) < version_numbers(built["python"]):
         found.append(f"python differs: its kernels need CPython {built['python']} or later")

@@ -187,7 +187,16 @@ def running_environment() -> RunningEnvironment:
     """This process, as the loader sees it (`hatch-precompile verify` shows it
     too), read without importing torch."""
     features = cpu_features()
-    return {**torch_and_python(), "cpu_features": features, "aten_capability": aten_capability(features)}
+    return {**process_torch_and_python(), "cpu_features": features, "aten_capability": aten_capability(features)}
+
+
+def process_torch_and_python() -> TorchAndPython:
+    """`torch_and_python()`, with torch "" where none is installed: a torch-free
+    form runs there, and every other form says that torch is missing."""
+    try:
+        return torch_and_python()
+    except TorchMissing:
+        return {"torch": "", "torch_git": "", "python": f"{sys.version_info.major}.{sys.version_info.minor}", "platform": sysconfig.get_platform()}
 
 
 def native_problems(native: NativeNeeds) -> list[str]:
@@ -220,6 +229,8 @@ def same_torch_release(built: BuiltWith, here: TorchAndPython) -> list[str]:
     linked against its libtorch needs the same release and git revision (aten's
     op signatures and C shim) and runs under any build of it (+cpu, CUDA: the
     local label)."""
+    if not here["torch"]:
+        return [f"torch is not installed (pip install torch=={release(built['torch'])})"]
     found = [] if release(built["torch"]) == release(here["torch"]) else ["torch differs"]
     if built["torch_git"] != here["torch_git"]:
         found.append("torch_git differs")

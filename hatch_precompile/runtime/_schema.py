@@ -135,6 +135,9 @@ class LeanRecord(TypedDict):
     sha256: NotRequired[str]
 
 
+SHIM_PROVIDER = "wheel"  # a CppRecord's `provider`: the wheel's own shim (`_precompiled/libaoti_shim.so`)
+
+
 class CppRecord(TypedDict):
     """An artifact's C++ form (`runtime/_cpp.py`): its library, or why the build has none."""
 
@@ -142,6 +145,9 @@ class CppRecord(TypedDict):
     constants: NotRequired[dict[str, str]]  # the library's name for each constant -> its weight's state-dict name
     ops: NotRequired[FileRecord]  # `cpu_avx2_cpp.json`, the ops it calls through AOTInductor's proxy executor, where any
     returned_inputs: NotRequired[list[list[int]]]  # [output, input]: outputs that are an input as it is (the caller's is handed back)
+    provider: NotRequired[str]  # SHIM_PROVIDER: the torch-free form, linked against no torch library, run on the wheel's own shim
+    references: NotRequired[list[str]]  # a torch-free library's: what it takes from the shim (the shim is built for these)
+    torch_free_refused: NotRequired[str]  # why a torch-free model's library is the usual one (what the wheel's shim lacks)
     refused: NotRequired[str]  # instead of the keys above
     size: NotRequired[int]  # added at assembly, with sha256
     sha256: NotRequired[str]
@@ -214,6 +220,11 @@ def has_lean_form(artifact: ArtifactEntry) -> bool:
     return "file" in artifact["lean"]
 
 
+def is_torch_free(artifact: ArtifactEntry) -> bool:
+    """Whether this variant's C++ form is torch-free: it runs on the wheel's own shim, without torch."""
+    return has_cpp_form(artifact) and artifact["cpp"].get("provider") == SHIM_PROVIDER
+
+
 def has_cpp_form(artifact: ArtifactEntry) -> bool:
     """Whether the build shipped this variant's C++ form (a model container library)."""
     return "file" in artifact.get("cpp", {})
@@ -278,3 +289,5 @@ class Manifest(TypedDict):
     built_by: str
     package: str
     models: dict[str, ModelEntry]
+    shim: NotRequired[FileRecord]  # the wheel's own shim (`libaoti_shim.so`), where a variant is torch-free
+    openmp: NotRequired[FileRecord]  # with it, the OpenMP runtime it links (`libgomp_so_1.so`)

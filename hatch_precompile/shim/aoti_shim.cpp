@@ -131,11 +131,11 @@ using Sgemm64 = void (*)(int, int, int, int64_t, int64_t, int64_t, float, const 
 void* sgemm_function = nullptr;
 bool sgemm_ilp64 = false;
 // OpenBLAS's openblas_set_num_threads_local, where the loader found one: each
-// thread that calls sgemm sets its own BLAS threads to 1 (the caller's NumPy
-// keeps its own setting), since the threads here are the kernels' OpenMP ones.
+// sgemm here runs on one BLAS thread, the threads being the kernels' OpenMP
+// ones, and the calling thread's setting is put back after it (the caller's
+// NumPy keeps its own).
 using ThreadsLocal = int (*)(int);
 ThreadsLocal blas_threads_local = nullptr;
-thread_local bool blas_single_threaded = false;
 constexpr int ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112;
 
 // A matrix operand of sgemm: a 2-D strided view that is row- or column-major
@@ -166,7 +166,6 @@ void gemm_serial(int64_t M, int64_t N, int64_t K, float alpha, const float* a, i
                  float beta, float* out, int64_t o0, int64_t o1) {
   if (M == 0 || N == 0) return;
   if (!sgemm_function) throw std::runtime_error("hatch-precompile's shim has no sgemm: the loader did not hand one in");
-  if (blas_threads_local && !blas_single_threaded) blas_threads_local(1), blas_single_threaded = true;
   bool dense_out = o1 == 1 || N == 1;
   std::vector<float> staged;
   float* target = out;
@@ -178,10 +177,12 @@ void gemm_serial(int64_t M, int64_t N, int64_t K, float alpha, const float* a, i
     target = staged.data(), ldc = N;
   }
   Operand left(a, M, K, a0, a1), right(b, K, N, b0, b1);
+  int threads_before = blas_threads_local ? blas_threads_local(1) : 0;
   if (sgemm_ilp64)
     reinterpret_cast<Sgemm64>(sgemm_function)(ROW_MAJOR, left.transposed, right.transposed, M, N, K, alpha, left.data, left.leading, right.data, right.leading, beta, target, ldc);
   else
     reinterpret_cast<Sgemm32>(sgemm_function)(ROW_MAJOR, left.transposed, right.transposed, M, N, K, alpha, left.data, left.leading, right.data, right.leading, beta, target, ldc);
+  if (blas_threads_local) blas_threads_local(threads_before);
   if (!dense_out)
     for (int64_t r = 0; r < M; ++r)
       for (int64_t c = 0; c < N; ++c) out[r * o0 + c * o1] = staged[r * N + c];

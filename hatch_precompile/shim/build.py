@@ -22,17 +22,56 @@ from pathlib import Path
 
 SOURCE = Path(__file__).with_name("aoti_shim.cpp")
 SHIM_PREFIX = "aoti_torch_"
+# The OpenMP runtime the torch-free libraries and the shim link (by this soname):
+# not one a manylinux wheel may take from the system, so the wheel carries the
+# build machine's, as auditwheel's repair would (GCC's runtime library exception).
+OPENMP_SONAME = "libgomp.so.1"
 
 _SLEEF = re.compile(r"Sleef_(?P<function>[a-z0-9]+?)(?P<kind>[fd])(?P<lanes>\d+)(?:_u\d+)?")
 # SLEEF's name -> its libm name and arity.
-_UNARY = {name: name for name in ("exp", "exp2", "exp10", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "asin", "acos", "atan",
-                                  "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc", "lgamma", "tgamma", "cbrt", "sqrt")}
+_UNARY = {
+    name: name
+    for name in (
+        "exp",
+        "exp2",
+        "exp10",
+        "expm1",
+        "log",
+        "log2",
+        "log10",
+        "log1p",
+        "sin",
+        "cos",
+        "tan",
+        "asin",
+        "acos",
+        "atan",
+        "sinh",
+        "cosh",
+        "tanh",
+        "asinh",
+        "acosh",
+        "atanh",
+        "erf",
+        "erfc",
+        "lgamma",
+        "tgamma",
+        "cbrt",
+        "sqrt",
+    )
+}
 _BINARY = {name: name for name in ("pow", "atan2", "fmod", "hypot", "nextafter", "copysign")}
 # In glibc's libmvec since 2.22: below torch's glibc floor, so free to use.
 _LIBMVEC = {"exp", "log", "sin", "cos", "pow"}
 # (kind, lanes) -> the vector type, the ISA a function of it is compiled for, libmvec's ISA letter.
-_VECTORS = {("f", 16): ("__m512", "avx512f", "e"), ("d", 8): ("__m512d", "avx512f", "e"), ("f", 8): ("__m256", "avx2,fma", "d"),
-            ("d", 4): ("__m256d", "avx2,fma", "d"), ("f", 4): ("__m128", "sse4.2", "b"), ("d", 2): ("__m128d", "sse4.2", "b")}
+_VECTORS = {
+    ("f", 16): ("__m512", "avx512f", "e"),
+    ("d", 8): ("__m512d", "avx512f", "e"),
+    ("f", 8): ("__m256", "avx2,fma", "d"),
+    ("d", 4): ("__m256d", "avx2,fma", "d"),
+    ("f", 4): ("__m128", "sse4.2", "b"),
+    ("d", 2): ("__m128d", "sse4.2", "b"),
+}
 
 
 def referenced(library: Path) -> set[str]:
@@ -91,8 +130,32 @@ def compile_shim(symbols: Iterable[str], output: Path, compiler: str | None = No
     with tempfile.TemporaryDirectory(prefix="hatch-precompile-shim-") as scratch:
         generated = Path(scratch) / "vector_math.cpp"
         generated.write_text(vector_math_source(symbols), encoding="utf-8")
-        command = [compiler or os.environ.get("CXX", "g++"), "-O3", "-fno-math-errno", "-std=c++17", "-shared", "-fPIC", "-fopenmp", "-s",
-                   f"-ffile-prefix-map={scratch}=shim", f"-ffile-prefix-map={SOURCE.parent}=shim", "-o", str(output), str(SOURCE), str(generated), "-lmvec"]
+        command = [
+            compiler or os.environ.get("CXX", "g++"),
+            "-O3",
+            "-fno-math-errno",
+            "-std=c++17",
+            "-shared",
+            "-fPIC",
+            "-fopenmp",
+            "-s",
+            f"-ffile-prefix-map={scratch}=shim",
+            f"-ffile-prefix-map={SOURCE.parent}=shim",
+            "-o",
+            str(output),
+            str(SOURCE),
+            str(generated),
+            "-lmvec",
+        ]
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode:
             raise RuntimeError(f"compiling the wheel's shim failed ({' '.join(command)}):\n{done.stderr[-3000:]}")
+
+
+def openmp_runtime(compiler: str | None = None) -> Path:
+    """The build compiler's OpenMP runtime library, which the wheel carries."""
+    found = subprocess.run([compiler or os.environ.get("CXX", "g++"), f"-print-file-name={OPENMP_SONAME}"], capture_output=True, text=True, check=True).stdout.strip()
+    path = Path(found).resolve()
+    if not path.is_file():
+        raise RuntimeError(f"the C++ compiler names no {OPENMP_SONAME} ({found!r}), which the torch-free form links")
+    return path

@@ -27,7 +27,8 @@ from ..engine.errors import ModelBuildError
 from ..engine.model_config import ModelConfig
 from ..engine.native import UnprovidedLibraryError, read_needs, system_needs, torch_libraries
 from ..runtime._layout import KERNELS_DIR, cpp_library_file, cpp_ops_file, kernel_file
-from ..runtime._schema import CppRecord, InputLeaf, has_cpp_form
+from ..runtime._schema import SHIM_PROVIDER, CppRecord, InputLeaf, has_cpp_form, is_torch_free
+from ..shim.build import OPENMP_SONAME, openmp_runtime
 from .form import COMPILER_MODULES, Pending, Step, Variant
 
 CHECK_MODULE = "hatch_precompile.worker.cpp_form"
@@ -52,24 +53,41 @@ def wanted(model: ModelConfig) -> bool:
 
 def produce(variant: Variant) -> CppRecord:
     """Compile the variant's library into its folder, or say why not. What it
-    needs of the system counts in the variant's once it passed its check."""
+    needs of the system counts in the variant's once it passed its check. A
+    torch-free model's library is compiled without libtorch first; where the
+    wheel's shim cannot give what it calls, the usual library is compiled under
+    the fallback policy, and the record says why (`torch_free_refused`)."""
     from .weights import lifted_weights
 
     reason = _refusal(variant)
     if reason:
         return {"refused": reason}
-    return compile_library(variant.captured.exported, variant.options, variant.entry["file"], variant.out_dir, list(lifted_weights(variant.captured)))
+    order = list(lifted_weights(variant.captured))
+    torch_free = ""
+    if variant.model.torch_free:
+        record = compile_library(variant.captured.exported, variant.options, variant.entry["file"], variant.out_dir, order, torch_free=True)
+        if "file" in record:
+            return record
+        torch_free = record["refused"]
+        if variant.model.fallback == "error":
+            raise ModelBuildError(variant.model.name, "compiling its torch-free form", f'{torch_free} (torch-free = true with fallback = "error"; remove torch-free to ship the usual C++ form)')
+    record = compile_library(variant.captured.exported, variant.options, variant.entry["file"], variant.out_dir, order)
+    if torch_free:
+        record["torch_free_refused"] = torch_free
+    return record
 
 
-def compile_library(exported: Any, options: dict[str, Any], artifact: str, out_dir: Path, order: list[str]) -> CppRecord:
+def compile_library(exported: Any, options: dict[str, Any], artifact: str, out_dir: Path, order: list[str], torch_free: bool = False) -> CppRecord:
     """The library of the export whose artifact is `artifact`, compiled into
     `out_dir` with inductor `options`, binding the weights named `order`; or why
-    there is none (no file of it is left then)."""
+    there is none (no file of it is left then). `torch_free`: linked against no
+    torch library, for the wheel's own shim, which must give all it calls."""
+    from ..shim.build import referenced, unprovided
     from .capture import _torch_error
-    from .torch_internals import compile_container, container_constants, returned_inputs
+    from .torch_internals import TORCH_FREE_CONFIG, compile_container, container_constants, returned_inputs
 
     try:
-        library, ops = compile_container(exported, options)
+        library, ops, original = compile_container(exported, {**options, **TORCH_FREE_CONFIG} if torch_free else options)
     except Exception as error:  # the build goes on in the lean form, saying why
         return {"refused": f"AOTInductor could not compile it: {_torch_error(error)}"}
     path = out_dir / cpp_library_file(artifact)
@@ -77,13 +95,22 @@ def compile_library(exported: Any, options: dict[str, Any], artifact: str, out_d
     ops_path = out_dir / cpp_ops_file(path.name)
     if ops is not None:
         ops_path.write_bytes(ops)
-    constants = container_constants(path, exported)
+    references = sorted(referenced(path)) if torch_free else []
+    missing = unprovided(references)
+    if torch_free and (missing or ops is not None):
+        path.unlink()
+        ops_path.unlink(missing_ok=True)
+        calls = f"its graph calls {', '.join(missing)}, which the wheel's shim does not provide" if missing else "its graph calls ops through AOTInductor's proxy executor"
+        return {"refused": f"no torch-free form: {calls}"}
+    constants = container_constants(path, exported, original if torch_free else None)
     unknown = sorted(set(constants.values()) - set(order))
     if unknown:
         path.unlink()
         ops_path.unlink(missing_ok=True)
         return {"refused": f"the library holds constants that are not the graph's weights: {', '.join(unknown)}"}
     record: CppRecord = {"file": path.name, "constants": constants}
+    if torch_free:
+        record["provider"], record["references"] = SHIM_PROVIDER, references
     returned = returned_inputs(exported)
     if returned:
         record["returned_inputs"] = [[output, given] for output, given in sorted(returned.items())]
@@ -124,26 +151,20 @@ def _library(variant: Pending) -> Path:
 
 
 def _check_in_fresh_process(pending: list[Pending], scratch: Path) -> None:
-    import torch
-
     from .accuracy import check_accuracy
+    from .torch_free import run_without_torch
 
-    checks: list[_LibraryCheck] = []
-    for index, variant in enumerate(pending):
-        record, data = variant.entry["cpp"], str(variant.data_path)
-        checks.append({"library": str(_library(variant)), "record": record, "order": variant.order, "leaves": variant.leaves, "data": data, "outputs": str(scratch / f"cpp-{index}.pt")})
-    request = scratch / "cpp-check.json"
-    request.write_text(json.dumps(checks), encoding="utf-8")
-    done = subprocess.run([sys.executable, "-m", CHECK_MODULE, str(request)], capture_output=True, text=True)
-    for check, variant in zip(checks, pending):
-        reason = f"the check process exited with {done.returncode}: {done.stderr.strip()[-1500:]}" if done.returncode else ""
-        if not reason:
-            ran = torch.load(check["outputs"], weights_only=True)
-            reason = ran["failed"]
+    ran = _run_on_torch([v for v in pending if not is_torch_free(v.entry)], scratch)
+    free = [v for v in pending if is_torch_free(v.entry)]
+    if free:
+        ran.update(zip(map(id, free), run_without_torch([_torch_free_check(v) for v in free], scratch)))
+    for variant in pending:
+        outputs_or_reason = ran[id(variant)]
+        reason = outputs_or_reason if isinstance(outputs_or_reason, str) else ""
         if not reason:
             try:
-                for call, (outputs, eager) in enumerate(zip(ran["outputs"], variant.eager, strict=True), start=1):
-                    check_accuracy(variant.model, outputs, eager, variant.reference if call == 1 else None, f"{variant.call_names[call - 1]} (the C++ form)")
+                for call, (outputs, eager) in enumerate(zip(outputs_or_reason, variant.eager, strict=True), start=1):
+                    check_accuracy(variant.model, list(outputs), eager, variant.reference if call == 1 else None, f"{variant.call_names[call - 1]} (the C++ form)")
             except ModelBuildError as error:
                 reason = error.message
         if not reason:
@@ -152,7 +173,47 @@ def _check_in_fresh_process(pending: list[Pending], scratch: Path) -> None:
             library = _library(variant)
             library.unlink()
             (library.parent / cpp_ops_file(library.name)).unlink(missing_ok=True)
-            variant.entry["cpp"] = {"refused": reason}
+            if is_torch_free(variant.entry) and variant.model.fallback == "error":
+                raise ModelBuildError(variant.model.name, "checking its torch-free form", f'{reason} (torch-free = true with fallback = "error")')
+            variant.entry["cpp"] = {"refused": f"its torch-free form failed its check: {reason}" if is_torch_free(variant.entry) else reason}
+
+
+def _run_on_torch(pending: list[Pending], scratch: Path) -> dict[int, list[list[Any]] | str]:
+    """Each library's outputs for each call (by the variant's id), run through
+    torch's runner in one new interpreter; or why it could not run."""
+    import torch
+
+    checks: list[_LibraryCheck] = []
+    for index, variant in enumerate(pending):
+        record, data = variant.entry["cpp"], str(variant.data_path)
+        checks.append({"library": str(_library(variant)), "record": record, "order": variant.order, "leaves": variant.leaves, "data": data, "outputs": str(scratch / f"cpp-{index}.pt")})
+    if not checks:
+        return {}
+    request = scratch / "cpp-check.json"
+    request.write_text(json.dumps(checks), encoding="utf-8")
+    done = subprocess.run([sys.executable, "-m", CHECK_MODULE, str(request)], capture_output=True, text=True)
+    ran: dict[int, list[list[Any]] | str] = {}
+    for check, variant in zip(checks, pending):
+        if done.returncode:
+            ran[id(variant)] = f"the check process exited with {done.returncode}: {done.stderr.strip()[-1500:]}"
+        else:
+            saved = torch.load(check["outputs"], weights_only=True)
+            ran[id(variant)] = saved["failed"] or saved["outputs"]
+    return ran
+
+
+def _torch_free_check(variant: Pending) -> dict[str, Any]:
+    """What the torch-free check reads of a variant: the manifest entry's parts the loader needs."""
+    import torch
+
+    data = torch.load(variant.data_path, weights_only=True)
+    name = lambda tensor: str(tensor.dtype).removeprefix("torch.")  # noqa: E731
+    model = {
+        "weights": {"order": variant.order, "specs": {weight: {"dtype": name(tensor)} for weight, tensor in zip(variant.order, data["initial"])}},
+        "inputs": {"leaves": variant.leaves},
+        "outputs": {"leaves": [{"dtype": name(output)} for output in variant.eager[0]]},
+    }
+    return {"library": str(_library(variant)), "record": variant.entry["cpp"], "model": model, "data": str(variant.data_path)}
 
 
 def _count_native_needs(variant: Pending) -> str:
@@ -161,8 +222,12 @@ def _count_native_needs(variant: Pending) -> str:
     which decide the wheel's tag; or say why it cannot ship."""
     kernels = variant.out_dir / KERNELS_DIR
     needs = [read_needs(kernels / kernel_file(key)) for key in variant.entry["kernels"]]
+    provided = torch_libraries()
+    if is_torch_free(variant.entry):  # the wheel carries the OpenMP runtime it links, whose own needs count
+        needs.append(read_needs(openmp_runtime()))
+        provided = {*provided, OPENMP_SONAME}
     try:
-        variant.entry["native"] = system_needs([*needs, read_needs(_library(variant))], torch_libraries()).manifest()
+        variant.entry["native"] = system_needs([*needs, read_needs(_library(variant))], provided).manifest()
     except UnprovidedLibraryError as error:
         return str(error)
     return ""

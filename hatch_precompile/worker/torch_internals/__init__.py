@@ -18,7 +18,7 @@ torch, so that a torch upgrade touches this package alone:
 The rest of the worker imports the names below from here.
 """
 
-from .aoti import aliased_output, compile_container, container_constants, returned_inputs
+from .aoti import TORCH_FREE_CONFIG, aliased_output, compile_container, container_constants, returned_inputs
 from .export import LAZY_DECOMPOSITION_MODULES, DimFix, constraint_fixes, decompose, python_op_libraries, tree_leaves, tree_map, treespec_to_json
 from .frozen import FrozenGraph, compile_frozen, is_onednn_packed, pre_grad_pass_kept
 from .inductor import compile_exported, extern_kernel_is_torch_function, output_module, save_artifact, start_model, torch_key, wrapper_work
@@ -28,6 +28,7 @@ from .low_bit import int4_weight_matmul, int8_weight_matmul
 __all__ = [
     "LAZY_DECOMPOSITION_MODULES",
     "STABLE_ABI_PRELUDE",
+    "TORCH_FREE_CONFIG",
     "TORCH_PATH_MAP",
     "DimFix",
     "FrozenGraph",

@@ -42,6 +42,12 @@ checks each):
   in the graph signature's order. The build's fresh-process check against eager
   runs the library with the weights bound by these names, so a numbering that
   changed would fail there, not ship.
+- The torch-free form: `aot_inductor.link_libtorch=False` gives a library that
+  links no torch library (ldd: libgomp, libstdc++, libm, libgcc_s, libc) and
+  leaves undefined the shim functions and operators it calls (`aoti_torch_*`)
+  and ATen's SLEEF vector math (`Sleef_expf16_u10`); the wheel's own shim
+  (`hatch_precompile/shim`) gives them. Its C interface is the same. The build's
+  check runs it in a venv without torch, so a change here fails the build.
 """
 
 from __future__ import annotations
@@ -67,13 +73,17 @@ CONTAINER_CONFIG = {
     "always_keep_tensor_constants": True,
     "joint_graph_constant_folding": False,
 }
+# And for the torch-free form: no libtorch linked (see the module docstring).
+TORCH_FREE_CONFIG = {"aot_inductor.link_libtorch": False}
 
 
-def compile_container(exported: torch.export.ExportedProgram, inductor_config: dict[str, Any]) -> tuple[bytes, bytes | None]:
+def compile_container(exported: torch.export.ExportedProgram, inductor_config: dict[str, Any]) -> tuple[bytes, bytes | None, dict[str, str]]:
     """The model container library of `exported`, compiled with `inductor_config`
-    (the model's options and its CPU target's) and holding no weights; and the
+    (the model's options and its CPU target's) and holding no weights; the
     description of the ops it calls through AOTInductor's proxy executor, where it
-    calls any (None where not), which the loader must find beside the library."""
+    calls any (None where not), which the loader must find beside the library;
+    and its constants' original names as its generated source sets them (see
+    `container_constants`)."""
     with tempfile.TemporaryDirectory(prefix="hatch-precompile-aoti-") as scratch, _reproducible_compiles(), contextlib.ExitStack() as headers:
         if _compiler_outputs:
             headers.enter_context(precompiled_headers_in(_compiler_outputs[-1] / "headers"))
@@ -85,7 +95,20 @@ def compile_container(exported: torch.export.ExportedProgram, inductor_config: d
             if len(libraries) != 1:
                 raise RuntimeError(f"AOTInductor's package holds {len(libraries)} libraries ({libraries}), where hatch-precompile expects one")
             ops = libraries[0].removesuffix(".so") + ".json"
-            return archive.read(libraries[0]), archive.read(ops) if ops in archive.namelist() else None
+            wrappers = [name for name in archive.namelist() if name.endswith(".wrapper.cpp")]
+            original = _original_names(archive.read(wrappers[0]).decode()) if len(wrappers) == 1 else {}
+            return archive.read(libraries[0]), archive.read(ops) if ops in archive.namelist() else None, original
+
+
+def _original_names(wrapper: str) -> dict[str, str]:
+    """The constants' names -> their original (state-dict) names, as AOTInductor's
+    wrapper source sets them (`constants_info_[i].name = "..."`, `...original_fqn
+    = "..."`): what its runner's `get_constant_names_to_original_fqns` returns,
+    read without loading a library that torch's runner cannot load (a torch-free
+    one). A changed pattern gives {} and the build's check fails on the binding."""
+    names = dict(re.findall(r'constants_info_\[(\d+)\]\.name = "([^"]*)";', wrapper))
+    original = dict(re.findall(r'constants_info_\[(\d+)\]\.original_fqn = "([^"]*)";', wrapper))
+    return {names[index]: original[index] for index in names if index in original}
 
 
 @contextlib.contextmanager
@@ -110,13 +133,16 @@ def _reproducible_compiles() -> Iterator[None]:
         codecache.CppBuilder = original  # type: ignore[misc]
 
 
-def container_constants(library: Path, exported: torch.export.ExportedProgram) -> dict[str, str]:
+def container_constants(library: Path, exported: torch.export.ExportedProgram, original: dict[str, str] | None = None) -> dict[str, str]:
     """The library's constants: its name for each -> the export's state-dict name
-    (the weights file's). See the module docstring for the lifted constants."""
-    runner = torch._C._aoti.AOTIModelContainerRunnerCpu(str(library), 1)
+    (the weights file's), as torch's runner reads them from the library, or as
+    `original` gives them (a torch-free library, which torch's runner cannot
+    load). See the module docstring for the lifted constants."""
+    if original is None:
+        original = torch._C._aoti.AOTIModelContainerRunnerCpu(str(library), 1).get_constant_names_to_original_fqns()
     lifted = [spec.target for spec in exported.graph_signature.input_specs if spec.kind.name == "CONSTANT_TENSOR"]
     names = {}
-    for constant, fqn in runner.get_constant_names_to_original_fqns().items():
+    for constant, fqn in original.items():
         match = _RETRACED_CONSTANT.fullmatch(fqn)
         names[constant] = lifted[int(match.group(1))] if match and int(match.group(1)) < len(lifted) else fqn
     return names
