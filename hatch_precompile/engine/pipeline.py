@@ -15,13 +15,14 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..runtime._layout import PRECOMPILED_DIR
 from ..runtime._schema import has_lean_form, is_torch_free
 from .assemble import assemble, runtime_requirements, torch_version, wheel_tag
 from .cache import EntryStore
 from .config import ConfigError, PrecompileConfig, parse_config
-from .errors import BuildEnvironmentError
+from .errors import BuildEnvironmentError, ModelBuildError
 from .jobs import BuildPlan, compile_models, default_jobs
 from .parts import choose, read_parts, write_part_file
 from .project import find_package, import_paths, read_table, write_source_loader
@@ -103,10 +104,22 @@ def precompile(root: Path, config: PrecompileConfig, package: str, package_dir: 
     report.info(f"precompile: {len(compiled)} model(s) in {time.perf_counter() - started:.1f} s ({_origins(compiled)})")
     _report_traffic(plan.remote, compiled, report)
     entries = {name: model.entry for name, model in compiled.items()}
+    _check_torch_free(config, entries)
     files = assemble(staging, package, entries)
     artifacts = [a for entry in entries.values() for a in entry["artifacts"]]
     stable_abi = all(has_lean_form(a) for a in artifacts)
     return Precompiled(files, wheel_tag([a["native"]["policy"] for a in artifacts], stable_abi), all(is_torch_free(a) for a in artifacts))
+
+
+def _check_torch_free(config: PrecompileConfig, entries: dict[str, Any]) -> None:
+    """A model with `torch-free = true` and `fallback = "error"` fails the build
+    where a variant has no torch-free form (compiled now or taken from the build cache)."""
+    for name, model in config.models.items():
+        refused = [a["cpp"]["torch_free_refused"] for a in entries[name]["artifacts"] if model.torch_free and "torch_free_refused" in a.get("cpp", {})]
+        if refused and model.fallback == "error":
+            raise ModelBuildError(
+                name, "building its torch-free form", f'{refused[0]} (torch-free = true with fallback = "error"; without fallback = "error" it ships the usual C++ form, which needs torch)'
+            )
 
 
 def compile_part(

@@ -312,7 +312,12 @@ load_compiled.explain = explain  # type: ignore[attr-defined]  # reachable throu
 
 def _fall_back(name: str, how: Plan, state_dict: dict[str, Any] | None, module: Any) -> EagerModel:
     """The module itself (the caller's, or the factory's with the given or shipped
-    weights bound), with a warning saying why it is not compiled."""
+    weights bound), with a warning saying why it is not compiled; where torch is
+    not installed, an error saying what to do instead."""
+    try:
+        installed_torch()
+    except ImportError:
+        raise PrecompiledModelError(f"model {name!r}: {how.reason}") from None
     warnings.warn(
         f"model {name!r} runs eagerly (not compiled): {unavailable(name, how.reason).split(': ', 1)[1]}",
         PrecompiledFallbackWarning,

@@ -1,0 +1,220 @@
+"""The torch-free form (`torch-free = true`): a wheel built with the real hook
+whose C++ forms link no torch library and run on the wheel's own shim; it
+requires NumPy, not torch, installs into a fresh venv without torch, and there
+gives eager's outputs (the example encoder, and a model with state over a
+sequence of calls, with `reset()`), with torch never importable. A model whose
+graph calls an operator the shim lacks ships the usual C++ form under the
+eager fallback, saying which operator, and fails the build under "error".
+The shim's generator and compile are tested here too."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from conftest import EXAMPLE, Venv, build_wheel, deploy, no_compiler_env, run, write_project
+
+MODELS = (
+    (EXAMPLE / "src" / "example_pkg" / "model.py").read_text()
+    + '''
+
+
+class Accumulator(nn.Module):
+    """State a call updates: the running sum of its inputs, added to a projection."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(16, 16)
+        self.register_buffer("total", torch.zeros(16))
+
+    def forward(self, x):
+        self.total.add_(x.sum(0))
+        return torch.tanh(self.proj(x)) + self.total
+
+
+def accumulator():
+    torch.manual_seed(1)
+    return Accumulator().eval()
+
+
+class TopK(nn.Module):
+    """An operator the wheel's shim does not give (aten's topk)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return self.proj(x).topk(3, dim=-1).values
+
+
+def topk():
+    torch.manual_seed(2)
+    return TopK().eval()
+'''
+)
+
+TORCH_FREE_MODELS = """
+[tool.hatch.build.hooks.precompile.models.encoder]
+factory = "free_pkg.models:build_encoder"
+inputs = [{ shape = ["batch", 64], dtype = "int64", range = [0, 1000] }]
+dims = { batch = { min = 1, max = 16 } }
+cpp-form = true
+torch-free = true
+
+[tool.hatch.build.hooks.precompile.models.accumulator]
+factory = "free_pkg.models:accumulator"
+inputs = [{ shape = ["rows", 16], dtype = "float32" }]
+dims = { rows = { min = 1, max = 8 } }
+cpp-form = true
+torch-free = true
+"""
+
+TOPK_MODEL = """
+[tool.hatch.build.hooks.precompile.models.topk]
+factory = "free_pkg.models:topk"
+inputs = [{ shape = ["rows", 16], dtype = "float32" }]
+dims = { rows = { min = 1, max = 8 } }
+cpp-form = true
+torch-free = true
+"""
+
+
+@pytest.fixture(scope="module")
+def free_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    project = write_project(tmp_path_factory.mktemp("torch-free"), "free_pkg", MODELS, TORCH_FREE_MODELS)
+    return build_wheel(project)
+
+
+@pytest.fixture(scope="module")
+def free_venv(tmp_path_factory: pytest.TempPathFactory, free_wheel: Path) -> Venv:
+    """A fresh venv with the wheel and what its metadata requires: NumPy, no torch."""
+    return deploy(free_wheel, tmp_path_factory.mktemp("no-torch") / "venv")
+
+
+def _eager() -> dict[str, list]:
+    """Eager's outputs, in this process (which has torch), for the calls the venv makes."""
+    import numpy
+    import torch
+
+    namespace: dict = {}
+    exec(compile(MODELS, "models.py", "exec"), namespace)
+    ids = torch.from_numpy((numpy.arange(5 * 64, dtype=numpy.int64) * 7 % 1000).reshape(5, 64))
+    rows = [torch.from_numpy(numpy.linspace(-1, 1, n * 16, dtype=numpy.float32).reshape(n, 16)) for n in (1, 8, 3)]
+    with torch.no_grad():
+        encoder = namespace["build_encoder"]()
+        accumulator = namespace["accumulator"]()
+        return {"embedding": encoder(ids)["embedding"].tolist(), "sums": [accumulator(x).tolist() for x in rows]}
+
+
+CALLS = """
+import json, sys
+import numpy as np
+from free_pkg import load_compiled
+report = {}
+ids = (np.arange(5 * 64, dtype=np.int64) * 7 % 1000).reshape(5, 64)
+rows = [np.linspace(-1, 1, n * 16, dtype=np.float32).reshape(n, 16) for n in (1, 8, 3)]
+try:
+    import torch
+    report["torch importable"] = True
+except ImportError:
+    report["torch importable"] = False
+encoder = load_compiled("encoder", arrays="numpy")
+report["embedding"] = encoder(ids)["embedding"].tolist()
+report["repr"] = repr(encoder)
+accumulator = load_compiled("accumulator", arrays="numpy")
+report["sums"] = [accumulator(x).tolist() for x in rows]
+accumulator.reset()
+report["after reset"] = accumulator(rows[0]).tolist()
+report["explain"] = load_compiled.explain()
+try:
+    load_compiled("encoder")
+except Exception as error:
+    report["torch path"] = f"{type(error).__name__}: {error}"
+report["torch imported"] = "torch" in sys.modules
+print(json.dumps(report))
+"""
+
+
+@pytest.mark.e2e
+@pytest.mark.standalone
+def test_the_wheel_requires_numpy_not_torch_and_runs_where_torch_is_absent(free_wheel: Path, free_venv: Venv, tmp_path: Path) -> None:
+    with zipfile.ZipFile(free_wheel) as wheel:
+        metadata = wheel.read(next(name for name in wheel.namelist() if name.endswith("METADATA"))).decode()
+        names = wheel.namelist()
+        manifest = json.loads(wheel.read("free_pkg/_precompiled/manifest.json"))
+    assert [line for line in metadata.splitlines() if line.startswith("Requires-Dist")] == ["Requires-Dist: numpy>=1.26"]
+    assert {"free_pkg/_precompiled/libaoti_shim.so", "free_pkg/_precompiled/libgomp_so_1.so"} <= set(names)
+    for model in ("encoder", "accumulator"):
+        (artifact,) = manifest["models"][model]["artifacts"]
+        assert artifact["cpp"]["provider"] == "wheel", artifact["cpp"]
+        library = free_venv.path / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages" / "free_pkg" / "_precompiled" / artifact["cpp"]["file"]
+        needed = subprocess.run(["readelf", "-d", str(library)], capture_output=True, text=True, check=True).stdout
+        assert "libtorch" not in needed and "libc10" not in needed and "libgomp.so.1" in needed
+
+    result = free_venv.script(CALLS, env=no_compiler_env(tmp_path), check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["torch importable"] is False and report["torch imported"] is False
+    eager = _eager()
+    import numpy
+
+    def close(got: list, expected: list) -> bool:
+        scale = float(numpy.abs(numpy.asarray(expected)).max())
+        return bool(numpy.abs(numpy.asarray(got) - numpy.asarray(expected)).max() <= 1e-5 * scale)
+
+    assert close(report["embedding"], eager["embedding"])
+    assert all(close(got, expected) for got, expected in zip(report["sums"], eager["sums"], strict=True))  # the state carries over calls
+    assert close(report["after reset"], eager["sums"][0])
+    assert report["repr"] == "<compiled model 'encoder' from encoder/cpu_avx2_cpp.so on NumPy arrays>"
+    assert "without torch (arrays='numpy'): yes, would load encoder/cpu_avx2_cpp.so (C++ form)" in report["explain"]
+    assert "torch is not installed" in report["torch path"] and 'arrays="numpy"' in report["torch path"], report["torch path"]
+
+
+@pytest.mark.e2e
+@pytest.mark.standalone
+def test_an_operator_the_shim_lacks_is_named_and_the_fallback_decides(tmp_path: Path) -> None:
+    project = write_project(tmp_path / "eager", "free_pkg", MODELS, TOPK_MODEL)
+    wheel = build_wheel(project)
+    with zipfile.ZipFile(wheel) as archive:
+        manifest = json.loads(archive.read("free_pkg/_precompiled/manifest.json"))
+        metadata = archive.read(next(name for name in archive.namelist() if name.endswith("METADATA"))).decode()
+    (artifact,) = manifest["models"]["topk"]["artifacts"]
+    assert "provider" not in artifact["cpp"] and "file" in artifact["cpp"]  # the usual C++ form
+    assert "aoti_torch_cpu_topk" in artifact["cpp"]["torch_free_refused"], artifact["cpp"]
+    assert "Requires-Dist: torch==" in metadata and "shim" not in manifest
+
+    strict = write_project(tmp_path / "error", "free_pkg", MODELS, TOPK_MODEL + 'fallback = "error"\n')
+    failed = run([sys.executable, "-m", "build", "--wheel", "--no-isolation", str(strict)], check=False)
+    assert failed.returncode != 0
+    said = failed.stdout + failed.stderr
+    assert "model 'topk' failed while building its torch-free form" in said and "aoti_torch_cpu_topk" in said and "the wheel's shim does not provide" in said, said[-2000:]
+
+
+def test_the_shim_is_generated_for_what_a_library_references(tmp_path: Path) -> None:
+    from hatch_precompile.shim.build import compile_shim, unprovided, vector_math_source
+
+    symbols = {"aoti_torch_cpu_addmm_out", "aoti_torch_get_sizes", "Sleef_expf16_u10", "Sleef_tanhf8_u10", "Sleef_powd4_u10"}
+    assert unprovided(symbols) == []
+    assert unprovided({*symbols, "aoti_torch_cpu_topk", "Sleef_sincosf16_u10"}) == ["Sleef_sincosf16_u10", "aoti_torch_cpu_topk"]
+    source = vector_math_source(symbols)
+    assert "__m512 Sleef_expf16_u10(__m512 x) { return _ZGVeN16v_expf(x); }" in source  # glibc's vector exp
+    assert "std::tanh(xs[i])" in source and "__m256d Sleef_powd4_u10(__m256d x, __m256d y) { return _ZGVdN4vv_pow(x, y); }" in source
+    compile_shim(symbols, tmp_path / "shim.so")
+    exported = subprocess.run(["nm", "-D", "--defined-only", str(tmp_path / "shim.so")], capture_output=True, text=True, check=True).stdout
+    assert all(symbol in exported for symbol in symbols)
+    with pytest.raises(ValueError, match="cannot provide aoti_torch_cpu_topk"):
+        compile_shim({"aoti_torch_cpu_topk"}, tmp_path / "other.so")
+
+
+def test_torch_free_needs_the_cpp_form(tmp_path: Path) -> None:
+    from hatch_precompile.engine.config import ConfigError, parse_config
+
+    table = {"cpp-form": False, "models": {"m": {"factory": "p.m:f", "inputs": [{"shape": [2], "dtype": "float32"}], "torch-free": True}}}
+    with pytest.raises(ConfigError, match=r"models\.m\.torch-free: is a kind of C\+\+ form, so it needs `cpp-form = true`"):
+        parse_config(table)
