@@ -850,7 +850,7 @@ def test_a_weightless_container_binds_by_name_and_updates_each_handles_state(tmp
     x, position = torch.randn(2, 2, 5, 8), torch.arange(5)
     exported = torch_internals.decompose(torch.export.export(module, (x, position), dynamic_shapes=({0: batch, 2: seq}, {0: seq})))
     with torch_internals.compiler_outputs_in(session_compiler_outputs()):
-        library, ops = torch_internals.compile_container(exported, {})
+        library, ops, _ = torch_internals.compile_container(exported, {})
     assert ops is None  # every op it calls is in the C shim
     path = tmp_path / "model.so"
     path.write_bytes(library)
@@ -875,6 +875,30 @@ def test_a_weightless_container_binds_by_name_and_updates_each_handles_state(tmp
     for name, tensor in dict(eager.named_buffers()).items():
         torch.testing.assert_close(state[name], tensor)  # written in place, in this handle's tensors
     assert all(torch.equal(untouched[name], tensors[name]) for name in names)
+
+
+def test_a_torch_free_library_links_no_torch_and_its_source_names_its_constants_as_the_runner_does(tmp_path: Path) -> None:
+    """`aot_inductor.link_libtorch=False` (the torch-free form): the library needs
+    no torch library, what it leaves undefined of torch is the shim's functions and
+    SLEEF's, all of which the wheel's shim gives; and the constants' original names
+    read from the generated source (which torch's runner cannot load for it) are
+    the names torch's runner reads from the usual library."""
+    from hatch_precompile.shim.build import referenced, unprovided
+
+    module = CachedWithConstants().eval()
+    batch, seq = torch.export.Dim("batch", min=1, max=4), torch.export.Dim("seq", min=1, max=32)
+    exported = torch_internals.decompose(torch.export.export(module, (torch.randn(2, 2, 5, 8), torch.arange(5)), dynamic_shapes=({0: batch, 2: seq}, {0: seq})))
+    with torch_internals.compiler_outputs_in(session_compiler_outputs()):
+        usual, _, usual_names = torch_internals.compile_container(exported, {})
+        free, ops, free_names = torch_internals.compile_container(exported, torch_internals.TORCH_FREE_CONFIG)
+    (tmp_path / "usual.so").write_bytes(usual)
+    (tmp_path / "free.so").write_bytes(free)
+    runner = torch._C._aoti.AOTIModelContainerRunnerCpu(str(tmp_path / "usual.so"), 1)
+    assert usual_names == free_names == runner.get_constant_names_to_original_fqns() and usual_names
+    needed = subprocess.run(["readelf", "-d", str(tmp_path / "free.so")], capture_output=True, text=True, check=True).stdout
+    assert ops is None and "libtorch" not in needed and "libc10" not in needed
+    symbols = referenced(tmp_path / "free.so")
+    assert any(symbol.startswith("aoti_torch_") for symbol in symbols) and unprovided(symbols) == []
 
 
 def test_outputs_that_alias_inputs_or_buffers_are_named_for_the_container_and_inputs_returned_as_they_are_by_position() -> None:
@@ -937,7 +961,7 @@ def test_the_shim_and_the_container_interface_run_a_library_on_numpy_arrays_as_t
     x, position = torch.randn(2, 2, 5, 8), torch.arange(5)
     exported = torch_internals.decompose(torch.export.export(module, (x, position), dynamic_shapes=({0: batch, 2: seq}, {0: seq})))
     with torch_internals.compiler_outputs_in(session_compiler_outputs()):
-        library, _ = torch_internals.compile_container(exported, {})
+        library, _, _ = torch_internals.compile_container(exported, {})
     path = tmp_path / "model.so"
     path.write_bytes(library)
     constants = torch_internals.container_constants(path, exported)

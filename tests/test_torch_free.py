@@ -218,3 +218,59 @@ def test_torch_free_needs_the_cpp_form(tmp_path: Path) -> None:
     table = {"cpp-form": False, "models": {"m": {"factory": "p.m:f", "inputs": [{"shape": [2], "dtype": "float32"}], "torch-free": True}}}
     with pytest.raises(ConfigError, match=r"models\.m\.torch-free: is a kind of C\+\+ form, so it needs `cpp-form = true`"):
         parse_config(table)
+
+
+SHIM_OPERATORS = r"""
+import ctypes, sys
+import numpy as np
+from hatch_precompile.runtime import _shim
+
+shim = _shim.load(__import__("pathlib").Path(sys.argv[1]))
+lib, f32 = shim.library, shim.dtype_code("float32")
+rng = np.random.default_rng(0)
+
+def handle(array):
+    return shim.tensor(array, f32)
+
+def out_of(pointer):
+    return shim.array(pointer.value, np.dtype("float32"))
+
+worst = {}
+# addmm: a bias broadcast over rows, mat2 a transposed weight, mat1 a strided view (every other column)
+weight, bias, wide = rng.standard_normal((24, 16), dtype=np.float32), rng.standard_normal(24, dtype=np.float32), rng.standard_normal((7, 32), dtype=np.float32)
+mat1 = wide[:, ::2]
+out = np.empty((7, 24), dtype=np.float32)
+assert lib.aoti_torch_cpu_addmm_out(handle(out), handle(bias), handle(mat1), handle(weight.T), ctypes.c_double(0.5), ctypes.c_double(2.0)) == 0
+worst["addmm"] = float(np.abs(out - (0.5 * bias + 2.0 * mat1 @ weight.T)).max())
+# bmm into a transposed output, one operand broadcast over the batch (stride 0)
+left, right = rng.standard_normal((3, 5, 8), dtype=np.float32), np.broadcast_to(rng.standard_normal((1, 8, 6), dtype=np.float32), (3, 8, 6))
+result = np.empty((3, 6, 5), dtype=np.float32).transpose(0, 2, 1)
+assert lib.aoti_torch_cpu_bmm_out(handle(result), handle(left), handle(right)) == 0
+worst["bmm"] = float(np.abs(result - left @ right).max())
+# attention: causal and with an additive mask, against softmax(q k^T / sqrt(E) + mask) v
+q, k, v = (rng.standard_normal((2, 3, 5, 4), dtype=np.float32) for _ in range(3))
+mask = rng.standard_normal((5, 5), dtype=np.float32)
+for causal, masked in ((1, None), (0, mask)):
+    ret0, ret1 = _shim.Handle(), _shim.Handle()
+    given = ctypes.byref(handle(masked)) if masked is not None else None
+    assert lib.aoti_torch_cpu__scaled_dot_product_flash_attention_for_cpu(handle(q), handle(k), handle(v), ctypes.c_double(0.0), causal, given, None, ctypes.byref(ret0), ctypes.byref(ret1)) == 0
+    scores = q @ k.transpose(0, 1, 3, 2) / 2.0 + (masked if masked is not None else np.where(np.tri(5, dtype=bool), 0, -np.inf))
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    worst[f"attention causal={causal}"] = float(np.abs(out_of(ret0) - weights @ v).max())
+# a shape the operator refuses: its reason is kept, and the call returns 1
+assert lib.aoti_torch_cpu_mm_out(handle(out), handle(left), handle(weight)) == 1
+lib.hatch_precompile_shim_last_error.restype = ctypes.c_char_p
+print(__import__("json").dumps({"worst": worst, "error": lib.hatch_precompile_shim_last_error().decode()}))
+"""
+
+
+def test_the_shims_operators_compute_what_numpy_does_on_any_layout(tmp_path: Path) -> None:
+    from hatch_precompile.shim.build import compile_shim
+
+    compile_shim({"aoti_torch_cpu_addmm_out"}, tmp_path / "shim.so")
+    done = subprocess.run([sys.executable, "-c", SHIM_OPERATORS, str(tmp_path / "shim.so")], capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert all(difference < 1e-5 for difference in report["worst"].values()), report
+    assert report["error"] == "mm: self has 3 dims, expected 2", report

@@ -20,7 +20,7 @@ from typing import Any
 
 from ..backend.distfiles import record_hash
 from ..runtime._layout import BUILD_MODULE, MANIFEST_FILE, PRECOMPILED_DIR
-from ..runtime._schema import ArtifactEntry, BuiltWith, Manifest, ModelEntry, WeightSpec, has_cpp_form, has_lean_form, is_lean_only
+from ..runtime._schema import ArtifactEntry, BuiltWith, Manifest, ModelEntry, WeightSpec, has_cpp_form, has_lean_form, is_lean_only, is_torch_free
 from ..runtime._weights import ITEM_SIZES
 from ._common import FAILED, OK, CommandError, field_lines, print_json, table
 
@@ -203,7 +203,8 @@ def _without_torch(model: ModelEntry) -> str:
         if refusal:
             return f"no: {artifact['file']}: {refusal}"
     leaves = [*model["inputs"]["leaves"], *model["outputs"]["leaves"]]
-    return "yes" + (" (its bfloat16 arrays need ml_dtypes)" if any(leaf.get("dtype") == "bfloat16" for leaf in leaves) else "")
+    free = " (torch-free: on the wheel's own shim, with torch absent)" if all(is_torch_free(artifact) for artifact in model["artifacts"]) else ""
+    return "yes" + free + (" (its bfloat16 arrays need ml_dtypes)" if any(leaf.get("dtype") == "bfloat16" for leaf in leaves) else "")
 
 
 def _bytes(spec: WeightSpec) -> int:
@@ -252,6 +253,8 @@ def _artifact_rows(manifest: Manifest) -> list[dict[str, Any]]:
                     "lean_refused": artifact["lean"].get("refused"),
                     "cpp_file": artifact.get("cpp", {}).get("file"),
                     "cpp_refused": artifact.get("cpp", {}).get("refused"),
+                    "torch_free": is_torch_free(artifact),
+                    "torch_free_refused": artifact.get("cpp", {}).get("torch_free_refused"),
                     "specialized": artifact["specialized"],
                     "shape": _shape_text(model, artifact),
                     "size": artifact["size"] + sum(model["kernels"][key]["size"] for key in artifact["kernels"]) + artifact.get("cpp", {}).get("size", 0),
@@ -269,8 +272,10 @@ def _forms_text(row: dict[str, Any]) -> str:
         text = "lean only (int8: its constants instead of an artifact)"
     else:
         text = "lean + artifact" if row["lean_file"] else f"artifact only (lean form refused: {row['lean_refused']})"
+    if row["torch_free"]:
+        return f"C++ (torch-free) + {text}"
     if row["cpp_file"]:
-        return f"C++ + {text}"
+        return f"C++ + {text}" + (f" (torch-free form refused: {row['torch_free_refused']})" if row["torch_free_refused"] else "")
     return f"{text} (C++ form refused: {row['cpp_refused']})" if row["cpp_refused"] else text
 
 
@@ -428,6 +433,7 @@ def _manifest_records(manifest: Manifest) -> list[Mapping[str, Any]]:
                 if "ops" in artifact["cpp"]:
                     records.append(artifact["cpp"]["ops"])
         records.extend(model["kernels"].values())
+    records.extend(manifest[key] for key in ("shim", "openmp") if key in manifest)  # the wheel's own shim, where a model is torch-free
     return list({r["file"]: r for r in records}.values())
 
 

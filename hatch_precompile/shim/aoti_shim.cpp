@@ -147,10 +147,10 @@ struct Operand {
   std::vector<float> copy;
 
   Operand(const float* base, int64_t rows, int64_t cols, int64_t row_stride, int64_t col_stride) {
-    if (cols == 1 || col_stride == 1) {
-      data = base, transposed = NO_TRANS, leading = rows == 1 ? cols : std::max(row_stride, cols);
-    } else if (rows == 1 || row_stride == 1) {
-      data = base, transposed = TRANS, leading = cols == 1 ? rows : std::max(col_stride, rows);
+    if ((cols == 1 || col_stride == 1) && (rows == 1 || row_stride >= cols)) {
+      data = base, transposed = NO_TRANS, leading = rows == 1 ? cols : row_stride;
+    } else if ((rows == 1 || row_stride == 1) && (cols == 1 || col_stride >= rows)) {
+      data = base, transposed = TRANS, leading = cols == 1 ? rows : col_stride;
     } else {
       copy.resize(rows * cols);
       for (int64_t r = 0; r < rows; ++r)
@@ -166,10 +166,10 @@ void gemm_serial(int64_t M, int64_t N, int64_t K, float alpha, const float* a, i
                  float beta, float* out, int64_t o0, int64_t o1) {
   if (M == 0 || N == 0) return;
   if (!sgemm_function) throw std::runtime_error("hatch-precompile's shim has no sgemm: the loader did not hand one in");
-  bool dense_out = o1 == 1 || N == 1;
+  bool dense_out = (o1 == 1 || N == 1) && (M == 1 || o0 >= N);
   std::vector<float> staged;
   float* target = out;
-  int64_t ldc = M == 1 ? N : std::max(o0, N);
+  int64_t ldc = M == 1 ? N : o0;
   if (!dense_out) {
     staged.resize(M * N);
     for (int64_t r = 0; r < M; ++r)
