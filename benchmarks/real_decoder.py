@@ -140,7 +140,7 @@ CHATS = [
 @dataclass(frozen=True)
 class Case:
     name: str  # the table's row
-    kind: str  # "eager" (this environment), "wheel" (torch, --wheel-python), "numpy" (no torch, --wheel-python), "llama.cpp" (--llama-cpp-python)
+    kind: str  # "eager" (this environment), "wheel" (torch, --wheel-python), "numpy" (no torch, --wheel-python), "free" (torch-free wheel, --free-python), "llama.cpp" (--llama-cpp-python)
     key: str = ""  # load_compiled's model name, or the llama.cpp quant
     dtype: str = "float32"  # eager's
     flattered: bool = False  # int4 with groups of 32 on dequantized Q4_1 weights
@@ -160,6 +160,7 @@ WHEEL_CASES = [
     Case("load_compiled lm_f32 (float32), C++ form", "wheel", "lm_f32", form="cpp"),
     Case("load_compiled lm_f32 (float32), lean form", "wheel", "lm_f32", form="lean"),
     Case("load_compiled lm_f32 (float32), arrays='numpy', no torch", "numpy", "lm_f32"),
+    Case("load_compiled lm_f32 (float32), torch-free wheel, no torch installed", "free", "lm_f32"),
     Case("load_compiled lm_bf16 (bfloat16)", "wheel", "lm_bf16"),
     Case("load_compiled lm_int8 (int8 weights)", "wheel", "lm_int8"),
     Case("load_compiled lm_int4_g64 (int4 weights, groups of 64)", "wheel", "lm_int4_g64"),
@@ -427,7 +428,7 @@ class Runner:
         env = {**self.no_compiler, "TORCHINDUCTOR_CACHE_DIR": f"{folder}/inductor", "HATCH_PRECOMPILE_CACHE_DIR": f"{folder}/hp"}
         if case.form:
             env["HATCH_PRECOMPILE_FORM"] = case.form
-        if case.kind == "numpy":
+        if case.kind in ("numpy", "free"):
             env["OMP_NUM_THREADS"] = str(self.args.threads)
         return env
 
@@ -444,8 +445,8 @@ class Runner:
 
     def torch_child(self, mode: str, case: Case, **extra: object) -> dict:
         spec = {"kind": case.kind, "key": case.key, "dtype": case.dtype, "threads": self.args.threads, "model_py": str(MODEL_PY), "watched": WATCHED, **extra}
-        python = sys.executable if case.kind == "eager" else self.args.wheel_python
-        child = NUMPY_CHILD if case.kind == "numpy" else CHILD
+        python = sys.executable if case.kind == "eager" else self.args.free_python if case.kind == "free" else self.args.wheel_python
+        child = NUMPY_CHILD if case.kind in ("numpy", "free") else CHILD
         return self.run([python, "-c", child, mode, json.dumps(spec)], self.env(case), f"{case.name}, {mode}")
 
     def speed(self, case: Case) -> dict:
@@ -649,6 +650,7 @@ def main() -> None:
     parser.add_argument("--prepare", action="store_true", help="convert the GGUF into --model-dir and stop")
     parser.add_argument("--gguf", type=Path, help=f"with --prepare: the GGUF file (default: {GGUF_NAME} in the installed {GGUF_PACKAGE} package)")
     parser.add_argument("--wheel-python", type=Path, help="the Python of the environment where the smollm_bench wheel is installed")
+    parser.add_argument("--free-python", type=Path, help="the Python of an environment without torch where a torch-free smollm_bench wheel is installed: adds its row")
     parser.add_argument("--runs", type=positive, default=5, help="fresh processes per case (default 5)")
     parser.add_argument("--prompt", type=positive, default=128, help="prompt length in tokens for the speed runs (default 128)")
     parser.add_argument("--new-tokens", type=positive, default=64, help="one-token steps after the prompt (default 64)")
@@ -680,7 +682,7 @@ def main() -> None:
     report = Report()
     ids = tokenized(args.model_dir, args)
     sizes, package = wheel_sizes(args)  # before the long part: a wheel without a model stops here
-    wheel_cases = [case for case in WHEEL_CASES if case.key in sizes and (case.form != "lean" or sizes[case.key]["lean forms"])]
+    wheel_cases = [case for case in WHEEL_CASES if case.key in sizes and (case.form != "lean" or sizes[case.key]["lean forms"]) and (case.kind != "free" or args.free_python)]
     scratch = Path(tempfile.mkdtemp(prefix="bench-real-decoder-"))
     try:
         runner = Runner(scratch, args, ids)
