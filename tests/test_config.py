@@ -301,7 +301,7 @@ def test_the_documented_keys_are_these() -> None:
     assert {"package", "fallback", "cpp-form", "cpu-targets", "jobs", "remote-cache", "remote-cache-mode", "models.<name>"} == set(TABLE_KEYS)
     assert set(model_keys()) == {
         "factory", "inputs", "kwargs", "example-inputs", "example-steps", "dims", "weights", "dtype",
-        "options", "fallback", "cpu-targets", "accuracy", "outputs", "quantize", "group-size", "calibration", "cpp-form",
+        "options", "fallback", "cpu-targets", "accuracy", "outputs", "quantize", "group-size", "calibration", "cpp-form", "torch-free",
     }  # fmt: skip
 
 

@@ -24,15 +24,16 @@ PACKAGE = REPO / "hatch_precompile"
 # The top level holds only the package itself and the doors users name: the CLI's
 # `python -m hatch_precompile`, hatchling's plugin registration and the setuptools backend.
 DOORS = {"__init__", "__main__", "hooks", "setuptools_backend"}
-BACKEND_SIDE = ("backend", "engine", "cli")  # the build backend's process: no torch
+BACKEND_SIDE = ("backend", "engine", "cli", "shim")  # the build backend's process: no torch
 FOLDERS = {*BACKEND_SIDE, "worker", "runtime"}
 # What each folder may import of the package's other folders.
 MAY_IMPORT = {
     "backend": {"engine", "runtime"},
-    "engine": {"runtime"},
+    "engine": {"runtime", "shim"},
     "cli": {"backend", "engine", "runtime"},
-    "worker": {"engine", "runtime"},
+    "worker": {"engine", "runtime", "shim"},
     "runtime": set(),
+    "shim": set(),
 }
 
 
