@@ -38,14 +38,17 @@ import tempfile
 import time
 from pathlib import Path
 
-CHILD = r"""
+from sentence_embedder import MEASURE  # peak_rss_mb() and per_call_ms(features), over the child's `call` and `calls`
+
+CHILD = (
+    r"""
 import sys, time
 spawned = float(sys.argv[1])
 case, package, model_name, calls, folder = sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), sys.argv[6]
 import importlib, json, statistics
-def peak_rss_mb():
-    with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) / 1024 for line in status if line.startswith("VmHWM:"))
+"""
+    + MEASURE
+    + r"""
 if case in ("import torch", "import numpy"):
     importlib.import_module(case.split()[1])
     print(json.dumps({"first": time.time() - spawned, "rss_mb": peak_rss_mb()}))
@@ -66,17 +69,9 @@ out = first_leaf(call(batches["b8"]))
 first = time.time() - spawned
 rss = peak_rss_mb()
 numpy.save(f"{folder}/output-{case}.npy", out)
-def per_call_ms(features):
-    for _ in range(5):
-        call(features)
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        call(features)
-        times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times)
 print(json.dumps({"first": first, "rss_mb": rss, "per_call_ms": {name: per_call_ms(batches[name]) for name in batches}, "torch": "torch" in sys.modules}))
 """
+)
 
 CASES = {  # case -> (venv, label)
     "import torch": ("torch", "`import torch` alone (the torch path's floor)"),
