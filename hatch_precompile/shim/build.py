@@ -75,9 +75,15 @@ _VECTORS = {
 
 
 def referenced(library: Path) -> set[str]:
-    """The shim and SLEEF symbols a library leaves to its provider."""
-    listed = subprocess.run(["nm", "-D", "--undefined-only", str(library)], capture_output=True, text=True, check=True).stdout
-    return {line.split()[-1] for line in listed.splitlines() if line.split() and line.split()[-1].startswith((SHIM_PREFIX, "Sleef_"))}
+    """The shim and SLEEF symbols a library leaves to its provider (its undefined
+    dynamic symbols, read with pyelftools, as `engine/native.py` reads its needs)."""
+    from elftools.elf.elffile import ELFFile
+    from elftools.elf.sections import SymbolTableSection
+
+    with library.open("rb") as stream:
+        symbols = ELFFile(stream).get_section_by_name(".dynsym")
+        undefined = {symbol.name for symbol in symbols.iter_symbols() if symbol["st_shndx"] == "SHN_UNDEF"} if isinstance(symbols, SymbolTableSection) else set()
+    return {name for name in undefined if name.startswith((SHIM_PREFIX, "Sleef_"))}
 
 
 def provided_shim_functions() -> set[str]:
