@@ -13,6 +13,7 @@
 #   ./dev.sh bench [ARGS]  the cold-start benchmark (benchmarks/cold_start.py)
 #   ./dev.sh bench-build [ARGS]  the build-time benchmark (benchmarks/build_time.py)
 #   ./dev.sh bench-torch-free [ARGS]  the torch-free form beside the torch path (benchmarks/torch_free.py)
+#   ./dev.sh bench-battery-torch-free [--docs]  which battery models build torch-free (benchmarks/battery_torch_free.py)
 #   ./dev.sh bench-decode [ARGS]  the decode benchmark (benchmarks/decode.py): a KV-cache decoder
 #   ./dev.sh bench-per-call [ARGS]  where a call's time goes, lean form against AOTInductor (benchmarks/per_call.py)
 #   ./dev.sh bench-fork [ARGS]  workers forked from a server that loaded the model, against a process each (benchmarks/fork.py)
@@ -219,6 +220,12 @@ bench_torch_free() {
   done
 }
 
+bench_battery_torch_free() {
+  setup
+  echo "== the torch-free form across the architecture battery: built with the hook here, each model's outcome from the manifest"
+  "$VENV/bin/python" benchmarks/battery_torch_free.py "$@"
+}
+
 bench_battery() {
   setup
   echo "== the C++ form across the architecture battery: built with the hook here, then each form in fresh processes"
@@ -384,5 +391,6 @@ case "${1:-}" in
   bench-real-decoder) shift; bench_real_decoder "$@" ;;
   bench-battery) shift; bench_battery "$@" ;;
   bench-torch-free) shift; bench_torch_free "$@" ;;
-  *) echo "usage: ./dev.sh demo | test [pytest args] | battery [pytest args] | lint | leg RELEASE | bench [benchmark args] | bench-build [benchmark args] | bench-decode [benchmark args] | bench-per-call [benchmark args] | bench-fork [benchmark args] | bench-embedder [benchmark args] | bench-real-decoder [benchmark args] | bench-battery [benchmark args] | bench-torch-free [benchmark args]" >&2; exit 2 ;;
+  bench-battery-torch-free) shift; bench_battery_torch_free "$@" ;;
+  *) echo "usage: ./dev.sh demo | test [pytest args] | battery [pytest args] | lint | leg RELEASE | bench [benchmark args] | bench-build [benchmark args] | bench-decode [benchmark args] | bench-per-call [benchmark args] | bench-fork [benchmark args] | bench-embedder [benchmark args] | bench-real-decoder [benchmark args] | bench-battery [benchmark args] | bench-torch-free [benchmark args] | bench-battery-torch-free [--docs]" >&2; exit 2 ;;
 esac

@@ -17,13 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..runtime._layout import PRECOMPILED_DIR
+from ..runtime._layout import OPENMP_FILE, PRECOMPILED_DIR, SHIM_FILE
 from ..runtime._schema import has_lean_form, is_torch_free
+from ..shim.build import OPENMP_SONAME
 from .assemble import assemble, runtime_requirements, torch_version, wheel_tag
 from .cache import EntryStore
 from .config import ConfigError, PrecompileConfig, parse_config
 from .errors import BuildEnvironmentError, ModelBuildError
 from .jobs import BuildPlan, compile_models, default_jobs
+from .native import read_needs, system_needs
 from .parts import choose, read_parts, write_part_file
 from .project import find_package, import_paths, read_table, write_source_loader
 from .protocol import BuiltModel
@@ -108,7 +110,10 @@ def precompile(root: Path, config: PrecompileConfig, package: str, package_dir: 
     files = assemble(staging, package, entries)
     artifacts = [a for entry in entries.values() for a in entry["artifacts"]]
     stable_abi = all(has_lean_form(a) for a in artifacts)
-    return Precompiled(files, wheel_tag([a["native"]["policy"] for a in artifacts], stable_abi), all(is_torch_free(a) for a in artifacts))
+    policies = [a["native"]["policy"] for a in artifacts]
+    if (staging / SHIM_FILE).exists():  # the wheel's own shim and the OpenMP runtime it carries count in its tag too
+        policies.append(system_needs([read_needs(staging / SHIM_FILE), read_needs(staging / OPENMP_FILE)], {OPENMP_SONAME}).policy)
+    return Precompiled(files, wheel_tag(policies, stable_abi), all(is_torch_free(a) for a in artifacts))
 
 
 def _check_torch_free(config: PrecompileConfig, entries: dict[str, Any]) -> None:
