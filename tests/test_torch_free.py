@@ -175,6 +175,11 @@ def test_the_wheel_requires_numpy_not_torch_and_runs_where_torch_is_absent(free_
     assert "without torch (arrays='numpy'): yes, would load encoder/cpu_avx2_cpp.so (C++ form)" in report["explain"]
     assert "torch is not installed" in report["torch path"] and 'arrays="numpy"' in report["torch path"], report["torch path"]
 
+    # The OpenMP runtime is the wheel's copy, loaded first: the system's libgomp.so.1 is never opened.
+    traced = free_venv.script(CALLS, env=no_compiler_env(tmp_path, LD_DEBUG="files"), check=False)
+    opened = {line.split("file=")[1].split()[0] for line in traced.stderr.splitlines() if "file=" in line and "gomp" in line}
+    assert opened and all(path.endswith("/free_pkg/_precompiled/libgomp_so_1.so") for path in opened), opened
+
 
 @pytest.mark.e2e
 @pytest.mark.standalone
