@@ -252,6 +252,11 @@ left, right = rng.standard_normal((3, 5, 8), dtype=np.float32), np.broadcast_to(
 result = np.empty((3, 6, 5), dtype=np.float32).transpose(0, 2, 1)
 assert lib.aoti_torch_cpu_bmm_out(handle(result), handle(left), handle(right)) == 0
 worst["bmm"] = float(np.abs(result - left @ right).max())
+# baddbmm: a mask-like self broadcast over the batch, scaled
+self_bias = rng.standard_normal((5, 6), dtype=np.float32)
+added = np.empty((3, 5, 6), dtype=np.float32)
+assert lib.aoti_torch_cpu_baddbmm_out(handle(added), handle(self_bias), handle(left), handle(right), ctypes.c_double(1.0), ctypes.c_double(0.25)) == 0
+worst["baddbmm"] = float(np.abs(added - (self_bias + 0.25 * (left @ right))).max())
 # attention: causal and with an additive mask, against softmax(q k^T / sqrt(E) + mask) v
 q, k, v = (rng.standard_normal((2, 3, 5, 4), dtype=np.float32) for _ in range(3))
 mask = rng.standard_normal((5, 5), dtype=np.float32)

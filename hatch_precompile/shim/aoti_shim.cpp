@@ -6,8 +6,8 @@
 // It implements what such libraries reference and nothing else of torch:
 // tensors (a strided view of a reference-counted storage: blob, owned or
 // shared), their getters, the dtype and device codes, grad mode (a flag: the
-// container only turns it off), and four operators: addmm, mm, bmm and CPU
-// flash attention, on float32, through a cblas_sgemm that the loader hands in
+// container only turns it off), and five operators: addmm, mm, bmm, baddbmm and
+// CPU flash attention, on float32, through a cblas_sgemm that the loader hands in
 // (NumPy's own OpenBLAS). Vector math (`Sleef_*`) is generated beside this
 // file per wheel (`build.py`). The build checks that every shim symbol a
 // library references is exported here, and names the ones that are not.
@@ -416,6 +416,29 @@ AOTITorchError aoti_torch_cpu_bmm_out(void* out, void* self, void* mat2) {
     for (int64_t n = 0; n < o.sizes[0]; ++n)
       gemm(o.sizes[1], o.sizes[2], a.sizes[2], 1.0f, a.floats() + n * a.strides[0], a.strides[1], a.strides[2], b.floats() + n * b.strides[0], b.strides[1],
            b.strides[2], 0.0f, o.floats() + n * o.strides[0], o.strides[1], o.strides[2]);
+  });
+}
+
+// out = beta * self + alpha * batch1 @ batch2, self broadcast to out's [B, M, N]
+// (a missing or size-1 dim repeats), as attention with an additive mask calls it.
+AOTITorchError aoti_torch_cpu_baddbmm_out(void* out, void* self, void* batch1, void* batch2, double beta, double alpha) {
+  return guarded([&] {
+    const Tensor &o = *tensor(out), &bias = *tensor(self), &a = *tensor(batch1), &b = *tensor(batch2);
+    require_dims(o, 3, "baddbmm", "out"), require_dims(a, 3, "baddbmm", "batch1"), require_dims(b, 3, "baddbmm", "batch2");
+    if (bias.ndim() > 3) throw std::invalid_argument("baddbmm: self has " + std::to_string(bias.ndim()) + " dims, expected at most 3");
+    int64_t stride[3] = {0, 0, 0};
+    for (int64_t d = 0; d < bias.ndim(); ++d)
+      if (bias.sizes[d] != 1) stride[3 - bias.ndim() + d] = bias.strides[d];
+    const float* source = bias.floats();
+    float* target = o.floats();
+    for (int64_t n = 0; n < o.sizes[0]; ++n) {
+      if (beta != 0)
+        for (int64_t r = 0; r < o.sizes[1]; ++r)
+          for (int64_t c = 0; c < o.sizes[2]; ++c)
+            target[n * o.strides[0] + r * o.strides[1] + c * o.strides[2]] = static_cast<float>(beta) * source[n * stride[0] + r * stride[1] + c * stride[2]];
+      gemm(o.sizes[1], o.sizes[2], a.sizes[2], static_cast<float>(alpha), a.floats() + n * a.strides[0], a.strides[1], a.strides[2], b.floats() + n * b.strides[0],
+           b.strides[1], b.strides[2], beta != 0 ? 1.0f : 0.0f, target + n * o.strides[0], o.strides[1], o.strides[2]);
+    }
   });
 }
 

@@ -62,10 +62,10 @@ def produce(variant: Variant) -> CppRecord:
 
     reason = _refusal(variant)
     if reason:
-        return {"refused": reason}
+        return {"refused": reason, "torch_free_refused": reason} if variant.model.torch_free else {"refused": reason}
     order = list(lifted_weights(variant.captured))
-    torch_free = ""
-    if variant.model.torch_free:
+    torch_free = _torch_free_refusal(variant.model)
+    if variant.model.torch_free and not torch_free:
         record = compile_library(variant.captured.exported, variant.options, variant.entry["file"], variant.out_dir, order, torch_free=True)
         if "file" in record:
             return record
@@ -116,6 +116,14 @@ def compile_library(exported: Any, options: dict[str, Any], artifact: str, out_d
     if ops is not None:
         record["ops"] = {"file": ops_path.name, "size": len(ops), "sha256": hashlib.sha256(ops).hexdigest()}
     return record
+
+
+def _torch_free_refusal(model: ModelConfig) -> str:
+    """Why a torch-free model can have no torch-free form, before compiling one; or ""."""
+    if model.torch_free and (model.dtype == "bfloat16" or model.quantize):
+        precision = f"quantize = {model.quantize!r}" if model.quantize else 'dtype = "bfloat16"'
+        return f"no torch-free form: the wheel's shim computes its operators in float32, and this model has {precision}"
+    return ""
 
 
 def _refusal(variant: Variant) -> str:
