@@ -2,7 +2,8 @@
 whose C++ forms link no torch library and run on the wheel's own shim; it
 requires NumPy, not torch, installs into a fresh venv without torch, and there
 gives eager's outputs (the example encoder, and a model with state over a
-sequence of calls, with `reset()`), with torch never importable. A model whose
+sequence of calls, with `reset()`), under threads and in a child forked after a
+call, with torch never importable. A model whose
 graph calls an operator the shim lacks ships the usual C++ form under the
 eager fallback, saying which operator, and fails the build under "error".
 The shim's generator and compile are tested here too."""
@@ -132,6 +133,18 @@ report["sums"] = [accumulator(x).tolist() for x in rows]
 accumulator.reset()
 report["after reset"] = accumulator(rows[0]).tolist()
 report["explain"] = load_compiled.explain()
+expected = report["embedding"]
+from concurrent.futures import ThreadPoolExecutor
+with ThreadPoolExecutor(4) as pool:  # four threads calling one model at once
+    report["threads"] = all(output["embedding"].tolist() == expected for output in pool.map(lambda _: encoder(ids), range(8)))
+import os
+reading, writing = os.pipe()
+child = os.fork()  # after the model ran: the child gets one OpenMP thread, and runs it
+if child == 0:
+    os.write(writing, b"1" if encoder(ids)["embedding"].tolist() == expected else b"0")
+    os._exit(0)
+os.waitpid(child, 0)
+report["forked child"] = os.read(reading, 1) == b"1"
 try:
     load_compiled("encoder")
 except Exception as error:
@@ -172,6 +185,7 @@ def test_the_wheel_requires_numpy_not_torch_and_runs_where_torch_is_absent(free_
     assert all(close(got, expected) for got, expected in zip(report["sums"], eager["sums"], strict=True))  # the state carries over calls
     assert close(report["after reset"], eager["sums"][0])
     assert report["repr"] == "<compiled model 'encoder' from encoder/cpu_avx2_cpp.so on NumPy arrays>"
+    assert report["threads"] and report["forked child"]
     assert "without torch (arrays='numpy'): yes, would load encoder/cpu_avx2_cpp.so (C++ form)" in report["explain"]
     assert "torch is not installed" in report["torch path"] and 'arrays="numpy"' in report["torch path"], report["torch path"]
 
