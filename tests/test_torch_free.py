@@ -282,10 +282,42 @@ for causal, masked in ((1, None), (0, mask)):
     weights = np.exp(scores - scores.max(-1, keepdims=True))
     weights /= weights.sum(-1, keepdims=True)
     worst[f"attention causal={causal}"] = float(np.abs(out_of(ret0) - weights @ v).max())
+# convolution: 2-D with stride, padding, dilation and groups, from a contiguous and a channels-last input
+# (whose output is channels-last too), and 1-D; against a reference summed tap by tap
+def reference(x, w, b, stride, pad, dil, groups):
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    xp = np.pad(x, ((0, 0), (0, 0), (pad[0], pad[0]), (pad[1], pad[1])))
+    ho, wo = (h + 2 * pad[0] - dil[0] * (kh - 1) - 1) // stride[0] + 1, (wd + 2 * pad[1] - dil[1] * (kw - 1) - 1) // stride[1] + 1
+    out, og = np.zeros((n, o, ho, wo), dtype=np.float64), o // groups
+    for i in range(kh):
+        for j in range(kw):
+            patch = xp[:, :, i * dil[0] : i * dil[0] + stride[0] * (ho - 1) + 1 : stride[0], j * dil[1] : j * dil[1] + stride[1] * (wo - 1) + 1 : stride[1]]
+            for g in range(groups):
+                out[:, g * og : (g + 1) * og] += np.einsum("nchw,oc->nohw", patch[:, g * cg : (g + 1) * cg], w[g * og : (g + 1) * og, :, i, j])
+    return out + b[None, :, None, None]
+
+def conv(x, w, b, stride, pad, dil, groups):
+    ints = lambda values: ((ctypes.c_int64 * len(values))(*values), ctypes.c_int64(len(values)))
+    ret = _shim.Handle()
+    (s, sn), (p, pn), (d, dn), (op, opn) = ints(stride), ints(pad), ints(dil), ints([0] * len(stride))
+    assert lib.aoti_torch_cpu_convolution(handle(x), handle(w), ctypes.byref(handle(b)), s, sn, p, pn, d, dn, ctypes.c_int32(0), op, opn, ctypes.c_int64(groups), ctypes.byref(ret)) == 0
+    return out_of(ret)
+
+x, w, b = rng.standard_normal((2, 6, 9, 11), dtype=np.float32), rng.standard_normal((4, 3, 3, 2), dtype=np.float32), rng.standard_normal(4, dtype=np.float32)
+expected = reference(x, w, b, (2, 1), (1, 2), (2, 1), 2)
+worst["conv2d"] = float(np.abs(conv(x, w, b, [2, 1], [1, 2], [2, 1], 2) - expected).max())
+channels_last = np.ascontiguousarray(x.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+got = conv(channels_last, w, b, [2, 1], [1, 2], [2, 1], 2)
+worst["conv2d channels-last"] = float(np.abs(got - expected).max())
+channels_last_out = got.strides[1] == got.itemsize
+signal, taps = rng.standard_normal((2, 4, 17), dtype=np.float32), rng.standard_normal((5, 4, 3), dtype=np.float32)
+expected = reference(signal[:, :, None, :], taps[:, :, None, :], b[:1].repeat(5), (1, 2), (0, 1), (1, 1), 1)[:, :, 0, :]
+worst["conv1d"] = float(np.abs(conv(signal, taps, b[:1].repeat(5), [2], [1], [1], 1) - expected).max())
 # a shape the operator refuses: its reason is kept, and the call returns 1
 assert lib.aoti_torch_cpu_mm_out(handle(out), handle(left), handle(weight)) == 1
 lib.hatch_precompile_shim_last_error.restype = ctypes.c_char_p
-print(__import__("json").dumps({"worst": worst, "error": lib.hatch_precompile_shim_last_error().decode()}))
+print(__import__("json").dumps({"worst": worst, "error": lib.hatch_precompile_shim_last_error().decode(), "channels-last out": bool(channels_last_out)}))
 """
 
 
@@ -298,3 +330,4 @@ def test_the_shims_operators_compute_what_numpy_does_on_any_layout(tmp_path: Pat
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert all(difference < 1e-5 for difference in report["worst"].values()), report
     assert report["error"] == "mm: self has 3 dims, expected 2", report
+    assert report["channels-last out"], report

@@ -6,8 +6,8 @@
 // It implements what such libraries reference and nothing else of torch:
 // tensors (a strided view of a reference-counted storage: blob, owned or
 // shared), their getters, the dtype and device codes, grad mode (a flag: the
-// container only turns it off), and five operators: addmm, mm, bmm, baddbmm and
-// CPU flash attention, on float32, through a cblas_sgemm that the loader hands in
+// container only turns it off), and six operators: addmm, mm, bmm, baddbmm,
+// convolution and CPU flash attention, on float32, through a cblas_sgemm that the loader hands in
 // (NumPy's own OpenBLAS). Vector math (`Sleef_*`) is generated beside this
 // file per wheel (`build.py`). The build checks that every shim symbol a
 // library references is exported here, and names the ones that are not.
@@ -110,16 +110,17 @@ Tensor* allocate(int64_t ndim, const int64_t* sizes, const int64_t* strides, int
   return new Tensor(new Storage{data, true}, 0, dtype, ndim, sizes, strides);
 }
 
-// Row-major strides of `sizes` laid out in the order of `like`'s strides, as
-// torch's empty_like keeps a dense tensor's memory format.
-std::vector<int64_t> strides_like(const Tensor& like) {
+// Row-major strides of `sizes` (by default `like`'s own) laid out in the order of
+// `like`'s strides, as torch's empty_like keeps a dense tensor's memory format.
+std::vector<int64_t> strides_like(const Tensor& like, const std::vector<int64_t>* sizes = nullptr) {
+  const std::vector<int64_t>& shape = sizes ? *sizes : like.sizes;
   std::vector<int64_t> order(like.ndim()), strides(like.ndim());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return like.strides[a] > like.strides[b]; });
   int64_t stride = 1;
   for (auto d = order.rbegin(); d != order.rend(); ++d) {
     strides[*d] = stride;
-    stride *= std::max<int64_t>(like.sizes[*d], 1);
+    stride *= std::max<int64_t>(shape[*d], 1);
   }
   return strides;
 }
@@ -439,6 +440,77 @@ AOTITorchError aoti_torch_cpu_baddbmm_out(void* out, void* self, void* batch1, v
       gemm(o.sizes[1], o.sizes[2], a.sizes[2], static_cast<float>(alpha), a.floats() + n * a.strides[0], a.strides[1], a.strides[2], b.floats() + n * b.strides[0],
            b.strides[1], b.strides[2], beta != 0 ? 1.0f : 0.0f, target + n * o.strides[0], o.strides[1], o.strides[2]);
     }
+  });
+}
+
+// A convolution (not transposed) over 1 to 3 spatial dims, with groups, as one
+// sgemm per sample and group: the weight [O/g, C/g * kernel] times the input
+// unfolded into [C/g * kernel, output positions] (im2col). The output keeps the
+// input's memory format (channels-last in, channels-last out), as torch's does.
+AOTITorchError aoti_torch_cpu_convolution(void* input, void* weight, void** bias, const int64_t* stride, int64_t stride_len, const int64_t* padding,
+                                          int64_t padding_len, const int64_t* dilation, int64_t dilation_len, int32_t transposed, const int64_t*, int64_t,
+                                          int64_t groups, void** ret0) {
+  return guarded([&] {
+    const Tensor &x = *tensor(input), &w = *tensor(weight);
+    const Tensor* b = bias && *bias ? tensor(*bias) : nullptr;
+    int64_t spatial = x.ndim() - 2;
+    if (transposed) throw std::invalid_argument("convolution: transposed convolutions are not in this shim");
+    if (spatial < 1 || spatial > 3 || w.ndim() != x.ndim()) throw std::invalid_argument("convolution: input and weight must have 3 to 5 dims alike");
+    auto at = [](const int64_t* values, int64_t length, int64_t d) { return length == 1 ? values[0] : values[d]; };
+    int64_t N = x.sizes[0], C = x.sizes[1], O = w.sizes[0], Cg = C / groups, Og = O / groups;
+    std::vector<int64_t> out_sizes = {N, O}, kernel(spatial), in(spatial), out(spatial);
+    int64_t taps = 1, positions = 1;
+    for (int64_t d = 0; d < spatial; ++d) {
+      kernel[d] = w.sizes[2 + d], in[d] = x.sizes[2 + d];
+      out[d] = (in[d] + 2 * at(padding, padding_len, d) - at(dilation, dilation_len, d) * (kernel[d] - 1) - 1) / at(stride, stride_len, d) + 1;
+      out_sizes.push_back(out[d]), taps *= kernel[d], positions *= out[d];
+    }
+    std::vector<int64_t> out_strides = strides_like(x, &out_sizes);
+    Tensor* result = allocate(x.ndim(), out_sizes.data(), out_strides.data(), F32);
+    // The output positions of one channel lie at a fixed stride only if its spatial dims are dense among themselves.
+    bool flat = true;
+    for (int64_t d = 2; d + 1 < x.ndim(); ++d) flat = flat && out_strides[d] == out_strides[d + 1] * out_sizes[d + 1];
+    std::vector<float> columns(Cg * taps * positions), staged(flat ? 0 : Og * positions), dense_weight(O * Cg * taps);
+    const float* xs = x.floats();
+    std::vector<int64_t> index(w.ndim(), 0);  // the weight as [O, C/g * kernel], row-major (it may come in any layout)
+    for (int64_t n = 0; n < O * Cg * taps; ++n) {
+      int64_t from = 0;
+      for (int64_t d = 0; d < w.ndim(); ++d) from += index[d] * w.strides[d];
+      dense_weight[n] = w.floats()[from];
+      for (int64_t d = w.ndim() - 1; d >= 0 && ++index[d] == w.sizes[d]; --d) index[d] = 0;
+    }
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t g = 0; g < groups; ++g) {
+#pragma omp parallel for
+        for (int64_t row = 0; row < Cg * taps; ++row) {  // row = (channel, tap), the tap's offsets in the kernel
+          int64_t channel = g * Cg + row / taps, tap = row % taps, offset[3] = {0, 0, 0};
+          for (int64_t d = spatial - 1, rest = tap; d >= 0; --d) offset[d] = rest % kernel[d], rest /= kernel[d];
+          for (int64_t p = 0; p < positions; ++p) {
+            int64_t from = n * x.strides[0] + channel * x.strides[1], rest = p;
+            bool inside = true;
+            for (int64_t d = spatial - 1; d >= 0; --d) {
+              int64_t position = rest % out[d];
+              rest /= out[d];
+              int64_t coordinate = position * at(stride, stride_len, d) - at(padding, padding_len, d) + offset[d] * at(dilation, dilation_len, d);
+              inside = inside && coordinate >= 0 && coordinate < in[d];
+              from += coordinate * x.strides[2 + d];
+            }
+            columns[row * positions + p] = inside ? xs[from] : 0.0f;
+          }
+        }
+        float* target = result->floats() + n * out_strides[0] + g * Og * out_strides[1];
+        int64_t position_stride = out_strides[x.ndim() - 1];
+        gemm(Og, positions, Cg * taps, 1.0f, dense_weight.data() + g * Og * Cg * taps, Cg * taps, 1, columns.data(), positions, 1, 0.0f,
+             flat ? target : staged.data(), flat ? out_strides[1] : positions, flat ? position_stride : 1);
+        for (int64_t o = 0; o < Og; ++o)
+          for (int64_t p = 0; p < positions; ++p) {
+            int64_t to = o * out_strides[1], rest = p;
+            for (int64_t d = spatial - 1; d >= 0; --d) to += (rest % out[d]) * out_strides[2 + d], rest /= out[d];
+            float value = flat ? target[to] : staged[o * positions + p];
+            target[to] = value + (b ? b->floats()[(g * Og + o) * b->strides[0]] : 0.0f);
+          }
+      }
+    *ret0 = result;
   });
 }
 
