@@ -14,7 +14,7 @@ over an array's memory, and an array over an output handle's memory.
 
 A torch-free library (`provider = "wheel"` in its manifest record) was built
 against no torch library, for the wheel's own shim (`libaoti_shim.so`, built
-with the wheel from `hatch_precompile/shim/aoti_shim.cpp`), which exports the
+with the wheel from `hatch_precompile/shim/`'s sources), which exports the
 same functions over tensors of its own and takes its matrix products from the
 BLAS that NumPy loaded (`_blas`). One process has one provider: the first
 library loaded decides, since both export the same names to every library

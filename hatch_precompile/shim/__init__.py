@@ -1,7 +1,8 @@
 """The wheel's own shim: AOTInductor's C shim without torch, for the torch-free form.
 
-`aoti_shim.cpp` implements the shim's tensors and the few operators a torch-free
-library may call; `build.py` compiles it at wheel-build time, with the vector
-math (`Sleef_*`) the wheel's libraries reference generated beside it. Build side
-only: the compiled library ships, this package does not.
+`shim.h` (its tensors), `tensors.cpp` (the tensor functions), `blas.cpp` (matrix
+products on NumPy's BLAS) and `operators.cpp` (what a torch-free library may
+call) are its source; `build.py` compiles them at wheel-build time, with the
+vector math (`Sleef_*`) the wheel's libraries reference generated beside them.
+Build side only: the compiled library ships, this package does not.
 """

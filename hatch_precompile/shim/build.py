@@ -3,7 +3,7 @@
 A library compiled with `aot_inductor.link_libtorch = False` leaves undefined
 what torch would have given it: the C shim's functions (`aoti_torch_*`) and
 ATen's vector math, which calls SLEEF (`Sleef_expf16_u10`: exp, float, 16
-lanes, 1.0 ULP). The shim implements the first in `aoti_shim.cpp`; the second
+lanes, 1.0 ULP). The shim implements the first in its sources (`*.cpp`); the second
 is generated here, for exactly the functions the libraries reference, each
 lane through glibc's libm, or glibc's vector math (libmvec) where it has the
 function at a symbol version no newer than torch's own glibc floor (2.28), so
@@ -20,7 +20,8 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-SOURCE = Path(__file__).with_name("aoti_shim.cpp")
+# The shim's source: shim.h (its tensors), tensors.cpp, blas.cpp, operators.cpp.
+SOURCES = tuple(sorted(Path(__file__).parent.glob("*.cpp")))
 SHIM_PREFIX = "aoti_torch_"
 # The OpenMP runtime the torch-free libraries and the shim link (by this soname):
 # not one a manylinux wheel may take from the system, so the wheel carries the
@@ -87,8 +88,8 @@ def referenced(library: Path) -> set[str]:
 
 
 def provided_shim_functions() -> set[str]:
-    """The shim functions `aoti_shim.cpp` defines."""
-    return set(re.findall(r"^\S.*?\b(aoti_torch_\w+)\(", SOURCE.read_text(encoding="utf-8"), re.MULTILINE))
+    """The shim functions the shim's sources define."""
+    return {name for source in SOURCES for name in re.findall(r"^\S.*?\b(aoti_torch_\w+)\(", source.read_text(encoding="utf-8"), re.MULTILINE)}
 
 
 def unprovided(symbols: Iterable[str]) -> list[str]:
@@ -146,10 +147,10 @@ def compile_shim(symbols: Iterable[str], output: Path, compiler: str | None = No
             "-fopenmp",
             "-s",
             f"-ffile-prefix-map={scratch}=shim",
-            f"-ffile-prefix-map={SOURCE.parent}=shim",
+            f"-ffile-prefix-map={SOURCES[0].parent}=shim",
             "-o",
             str(output),
-            str(SOURCE),
+            *map(str, SOURCES),
             str(generated),
             "-lmvec",
         ]
