@@ -297,12 +297,24 @@ def reference(x, w, b, stride, pad, dil, groups):
                 out[:, g * og : (g + 1) * og] += np.einsum("nchw,oc->nohw", patch[:, g * cg : (g + 1) * cg], w[g * og : (g + 1) * og, :, i, j])
     return out + b[None, :, None, None]
 
-def conv(x, w, b, stride, pad, dil, groups):
+def conv(x, w, b, stride, pad, dil, groups, transposed=0, extra=None):
     ints = lambda values: ((ctypes.c_int64 * len(values))(*values), ctypes.c_int64(len(values)))
     ret = _shim.Handle()
-    (s, sn), (p, pn), (d, dn), (op, opn) = ints(stride), ints(pad), ints(dil), ints([0] * len(stride))
-    assert lib.aoti_torch_cpu_convolution(handle(x), handle(w), ctypes.byref(handle(b)), s, sn, p, pn, d, dn, ctypes.c_int32(0), op, opn, ctypes.c_int64(groups), ctypes.byref(ret)) == 0
+    (s, sn), (p, pn), (d, dn), (op, opn) = ints(stride), ints(pad), ints(dil), ints(extra or [0] * len(stride))
+    assert lib.aoti_torch_cpu_convolution(handle(x), handle(w), ctypes.byref(handle(b)), s, sn, p, pn, d, dn, ctypes.c_int32(transposed), op, opn, ctypes.c_int64(groups), ctypes.byref(ret)) == 0
     return out_of(ret)
+
+def transposed_reference(x, w, b, stride, pad, dil, groups, extra):
+    n, c, h, wd = x.shape
+    cg, og, kh, kw = w.shape[0] // groups, w.shape[1], w.shape[2], w.shape[3]
+    full = np.zeros((n, og * groups, (h - 1) * stride[0] + dil[0] * (kh - 1) + 1 + extra[0], (wd - 1) * stride[1] + dil[1] * (kw - 1) + 1 + extra[1]))
+    for i in range(kh):
+        for j in range(kw):
+            for g in range(groups):
+                full[:, g * og : (g + 1) * og, i * dil[0] : i * dil[0] + stride[0] * (h - 1) + 1 : stride[0], j * dil[1] : j * dil[1] + stride[1] * (wd - 1) + 1 : stride[1]] += np.einsum(
+                    "nchw,co->nohw", x[:, g * cg : (g + 1) * cg], w[g * cg : (g + 1) * cg, :, i, j])
+    ho, wo = full.shape[2] - 2 * pad[0], full.shape[3] - 2 * pad[1]
+    return full[:, :, pad[0] : pad[0] + ho, pad[1] : pad[1] + wo] + b[None, :, None, None]
 
 x, w, b = rng.standard_normal((2, 6, 9, 11), dtype=np.float32), rng.standard_normal((4, 3, 3, 2), dtype=np.float32), rng.standard_normal(4, dtype=np.float32)
 expected = reference(x, w, b, (2, 1), (1, 2), (2, 1), 2)
@@ -314,6 +326,9 @@ channels_last_out = got.strides[1] == got.itemsize
 signal, taps = rng.standard_normal((2, 4, 17), dtype=np.float32), rng.standard_normal((5, 4, 3), dtype=np.float32)
 expected = reference(signal[:, :, None, :], taps[:, :, None, :], b[:1].repeat(5), (1, 2), (0, 1), (1, 1), 1)[:, :, 0, :]
 worst["conv1d"] = float(np.abs(conv(signal, taps, b[:1].repeat(5), [2], [1], [1], 1) - expected).max())
+up, up_bias = rng.standard_normal((6, 2, 3, 2), dtype=np.float32), rng.standard_normal(4, dtype=np.float32)  # [C, O/g, kernel], two groups
+expected = transposed_reference(x, up, up_bias, (2, 3), (1, 0), (1, 2), 2, (1, 2))
+worst["conv2d transposed"] = float(np.abs(conv(x, up, up_bias, [2, 3], [1, 0], [1, 2], 2, transposed=1, extra=[1, 2]) - expected).max())
 # a shape the operator refuses: its reason is kept, and the call returns 1
 assert lib.aoti_torch_cpu_mm_out(handle(out), handle(left), handle(weight)) == 1
 lib.hatch_precompile_shim_last_error.restype = ctypes.c_char_p

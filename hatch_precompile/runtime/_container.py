@@ -45,7 +45,8 @@ class ContainerLibrary:
 
     def _call(self, what: str, result: int) -> None:
         if result:
-            raise RuntimeError(f"{self.path}: {what} failed (the library printed its reason on standard error)")
+            said = self.shim.last_error()
+            raise RuntimeError(f"{self.path}: {what} failed: {said}" if said else f"{self.path}: {what} failed (the library printed its reason on standard error)")
 
     def create(self) -> Container:
         handle = Handle()

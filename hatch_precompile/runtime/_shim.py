@@ -62,6 +62,9 @@ class Shim:
         self.strides = self._function("aoti_torch_get_strides", Handle, ctypes.POINTER(_Sizes))
         self.cpu = self._code("aoti_torch_device_type_cpu")
         self._codes: dict[str, int] = {}
+        self._last_error = getattr(library, "hatch_precompile_shim_last_error", None)  # the wheel's own shim's, which keeps its reasons
+        if self._last_error is not None:
+            self._last_error.argtypes, self._last_error.restype = [], ctypes.c_char_p
 
     def _function(self, name: str, *argtypes: Any) -> Callable[..., int]:
         function = getattr(self.library, name)
@@ -72,6 +75,10 @@ class Shim:
         function = getattr(self.library, name)
         function.argtypes, function.restype = [], ctypes.c_int32
         return int(function())
+
+    def last_error(self) -> str:
+        """Why the calling thread's last shim function failed, where the provider says ("" where not)."""
+        return (self._last_error() or b"").decode(errors="replace") if self._last_error is not None else ""
 
     def dtype_code(self, dtype: str) -> int:
         """The shim's code for a torch dtype name ("float32": `aoti_torch_dtype_float32()`)."""

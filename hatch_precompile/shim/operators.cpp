@@ -49,6 +49,76 @@ float softmax(float* row, int64_t S) {
   return top + std::log(total);
 }
 
+// A convolution's per-dim argument: one value for every dim, or one each.
+int64_t at(const int64_t* values, int64_t length, int64_t d) { return length == 1 ? values[0] : values[d]; }
+
+// A tensor's elements in row-major order, into `to`.
+void dense(const Tensor& t, float* to) {
+  std::vector<int64_t> index(t.ndim(), 0);
+  for (int64_t n = 0, count = t.numel(); n < count; ++n) {
+    int64_t from = 0;
+    for (int64_t d = 0; d < t.ndim(); ++d) from += index[d] * t.strides[d];
+    to[n] = t.floats()[from];
+    for (int64_t d = t.ndim() - 1; d >= 0 && ++index[d] == t.sizes[d]; --d) index[d] = 0;
+  }
+}
+
+// A transposed convolution (weight [C, O/g, kernel]): per sample and group, the
+// weight's transpose times the input ([O/g * kernel, input positions]), each
+// column then added where its tap lands in the output (col2im), after the bias.
+Tensor* transposed_convolution(const Tensor& x, const Tensor& w, const Tensor* b, const int64_t* stride, int64_t stride_len, const int64_t* padding,
+                               int64_t padding_len, const int64_t* dilation, int64_t dilation_len, const int64_t* output_padding, int64_t output_padding_len,
+                               int64_t groups) {
+  int64_t spatial = x.ndim() - 2, N = x.sizes[0], C = x.sizes[1], Cg = C / groups, Og = w.sizes[1], O = Og * groups;
+  std::vector<int64_t> out_sizes = {N, O}, kernel(spatial), in(spatial), out(spatial);
+  int64_t taps = 1, positions = 1, out_positions = 1;
+  for (int64_t d = 0; d < spatial; ++d) {
+    kernel[d] = w.sizes[2 + d], in[d] = x.sizes[2 + d];
+    int64_t extra = output_padding_len ? at(output_padding, output_padding_len, d) : 0;
+    out[d] = (in[d] - 1) * at(stride, stride_len, d) - 2 * at(padding, padding_len, d) + at(dilation, dilation_len, d) * (kernel[d] - 1) + extra + 1;
+    out_sizes.push_back(out[d]), taps *= kernel[d], positions *= in[d], out_positions *= out[d];
+  }
+  std::vector<int64_t> out_strides = strides_like(x, &out_sizes);
+  Tensor* result = allocate(x.ndim(), out_sizes.data(), out_strides.data(), F32);
+  float* ys = result->floats();
+  std::vector<float> dense_weight(C * Og * taps), dense_input(x.numel()), columns(Og * taps * positions);
+  dense(w, dense_weight.data());
+  dense(x, dense_input.data());
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t g = 0; g < groups; ++g) {
+      // columns [O/g * kernel, positions] = weight[g]^T [O/g * kernel, C/g] @ input[n, g] [C/g, positions]
+      gemm(Og * taps, positions, Cg, 1.0f, dense_weight.data() + g * Cg * Og * taps, 1, Og * taps, dense_input.data() + (n * C + g * Cg) * positions, positions, 1,
+           0.0f, columns.data(), positions, 1);
+#pragma omp parallel for
+      for (int64_t o = 0; o < Og; ++o) {
+        float* channel = ys + n * out_strides[0] + (g * Og + o) * out_strides[1];
+        float start = b ? b->floats()[(g * Og + o) * b->strides[0]] : 0.0f;
+        for (int64_t q = 0; q < out_positions; ++q) {
+          int64_t to = 0;
+          for (int64_t d = spatial - 1, rest = q; d >= 0; --d) to += (rest % out[d]) * out_strides[2 + d], rest /= out[d];
+          channel[to] = start;
+        }
+        for (int64_t tap = 0; tap < taps; ++tap) {
+          int64_t offset[3] = {0, 0, 0};
+          for (int64_t d = spatial - 1, rest = tap; d >= 0; --d) offset[d] = rest % kernel[d], rest /= kernel[d];
+          const float* column = columns.data() + (o * taps + tap) * positions;
+          for (int64_t p = 0; p < positions; ++p) {
+            int64_t to = 0, rest = p;
+            bool inside = true;
+            for (int64_t d = spatial - 1; d >= 0; --d) {
+              int64_t coordinate = (rest % in[d]) * at(stride, stride_len, d) - at(padding, padding_len, d) + offset[d] * at(dilation, dilation_len, d);
+              rest /= in[d];
+              inside = inside && coordinate >= 0 && coordinate < out[d];
+              to += coordinate * out_strides[2 + d];
+            }
+            if (inside) channel[to] += column[p];
+          }
+        }
+      }
+    }
+  return result;
+}
+
 }  // namespace
 
 extern "C" {
@@ -113,20 +183,23 @@ AOTITorchError aoti_torch_cpu_baddbmm_out(void* out, void* self, void* batch1, v
   });
 }
 
-// A convolution (not transposed) over 1 to 3 spatial dims, with groups, as one
-// sgemm per sample and group: the weight [O/g, C/g * kernel] times the input
-// unfolded into [C/g * kernel, output positions] (im2col). The output keeps the
-// input's memory format (channels-last in, channels-last out), as torch's does.
+// A convolution over 1 to 3 spatial dims, with groups, as one sgemm per sample
+// and group: the weight [O/g, C/g * kernel] times the input unfolded into
+// [C/g * kernel, output positions] (im2col); a transposed one, the other way
+// round (`transposed_convolution`). The output keeps the input's memory format
+// (channels-last in, channels-last out), as torch's does.
 AOTITorchError aoti_torch_cpu_convolution(void* input, void* weight, void** bias, const int64_t* stride, int64_t stride_len, const int64_t* padding,
-                                          int64_t padding_len, const int64_t* dilation, int64_t dilation_len, int32_t transposed, const int64_t*, int64_t,
-                                          int64_t groups, void** ret0) {
+                                          int64_t padding_len, const int64_t* dilation, int64_t dilation_len, int32_t transposed, const int64_t* output_padding,
+                                          int64_t output_padding_len, int64_t groups, void** ret0) {
   return guarded([&] {
     const Tensor &x = *tensor(input), &w = *tensor(weight);
     const Tensor* b = bias && *bias ? tensor(*bias) : nullptr;
     int64_t spatial = x.ndim() - 2;
-    if (transposed) throw std::invalid_argument("convolution: transposed convolutions are not in this shim");
     if (spatial < 1 || spatial > 3 || w.ndim() != x.ndim()) throw std::invalid_argument("convolution: input and weight must have 3 to 5 dims alike");
-    auto at = [](const int64_t* values, int64_t length, int64_t d) { return length == 1 ? values[0] : values[d]; };
+    if (transposed) {
+      *ret0 = transposed_convolution(x, w, b, stride, stride_len, padding, padding_len, dilation, dilation_len, output_padding, output_padding_len, groups);
+      return;
+    }
     int64_t N = x.sizes[0], C = x.sizes[1], O = w.sizes[0], Cg = C / groups, Og = O / groups;
     std::vector<int64_t> out_sizes = {N, O}, kernel(spatial), in(spatial), out(spatial);
     int64_t taps = 1, positions = 1;
@@ -142,13 +215,7 @@ AOTITorchError aoti_torch_cpu_convolution(void* input, void* weight, void** bias
     for (int64_t d = 2; d + 1 < x.ndim(); ++d) flat = flat && out_strides[d] == out_strides[d + 1] * out_sizes[d + 1];
     std::vector<float> columns(Cg * taps * positions), staged(flat ? 0 : Og * positions), dense_weight(O * Cg * taps);
     const float* xs = x.floats();
-    std::vector<int64_t> index(w.ndim(), 0);  // the weight as [O, C/g * kernel], row-major (it may come in any layout)
-    for (int64_t n = 0; n < O * Cg * taps; ++n) {
-      int64_t from = 0;
-      for (int64_t d = 0; d < w.ndim(); ++d) from += index[d] * w.strides[d];
-      dense_weight[n] = w.floats()[from];
-      for (int64_t d = w.ndim() - 1; d >= 0 && ++index[d] == w.sizes[d]; --d) index[d] = 0;
-    }
+    dense(w, dense_weight.data());  // the weight as [O, C/g * kernel] (it may come in any layout)
     for (int64_t n = 0; n < N; ++n)
       for (int64_t g = 0; g < groups; ++g) {
 #pragma omp parallel for

@@ -71,6 +71,7 @@ extern thread_local std::string last_error;  // for hatch_precompile_shim_last_e
 
 template <typename Body>
 AOTITorchError guarded(Body body) {
+  last_error.clear();  // what hatch_precompile_shim_last_error says is this call's, or nothing
   try {
     body();
     return 0;
