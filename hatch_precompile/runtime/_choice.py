@@ -66,7 +66,7 @@ def plan(name: str, manifest: Manifest | None = None, arrays: str = "torch") -> 
     choices, reason = _choose(model, arrays)
     if not choices and not process_torch_and_python()["torch"]:
         built = release(model["artifacts"][0]["built_with"]["torch"])
-        reason = f"torch is not installed: this package's compiled model {name!r} runs on torch {built}'s libraries (pip install torch=={built}){_torch_free_hint(model, arrays)}"
+        reason = f"torch is not installed: this package's compiled models run on torch {built}'s libraries (pip install torch=={built}){_torch_free_hint(model, arrays)}"
     return Plan(model, model, choices, reason)
 
 
