@@ -111,12 +111,13 @@ def _choose(model: ModelEntry, arrays: str) -> tuple[list[Choice], str]:
             problems.append(f"torch runs {here['aten_capability']} kernels here, not {first['aten_capability']} (see ATEN_CPU_CAPABILITY)")
         problems += native_problems(first["native"])
         if not problems:
-            chosen = [form_for(model, artifact, form_problems(artifact, here), arrays) for artifact in artifacts]
+            forms = [form_problems(artifact, here) for artifact in artifacts]
+            chosen = [form_for(model, artifact, found, arrays) for artifact, found in zip(artifacts, forms)]
             choices = [Choice(artifact, how, arrays) for artifact, how in zip(artifacts, chosen) if how is not None]
             if len(choices) == len(artifacts):
                 return choices, ""
-            unfit = artifacts[chosen.index(None)]
-            problems.append(_none_fits(model, unfit, form_problems(unfit, here), arrays))
+            unfit = chosen.index(None)
+            problems.append(_none_fits(model, artifacts[unfit], forms[unfit], arrays))
         reasons.append(
             f"{first['file']} was built with torch {built['torch']} ({built['torch_git'][:12]}) on cp{built['python'].replace('.', '')} {built['platform']} for {target}: " + ", ".join(problems)
         )

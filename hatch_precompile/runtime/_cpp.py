@@ -17,6 +17,7 @@ imported. What the NumPy path cannot serve, `numpy_refusal` says.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -103,13 +104,17 @@ def load(name: str, model: ModelEntry, artifact: ArtifactEntry, kind: ArrayKind)
 def own_shim(artifact: ArtifactEntry) -> Path | None:
     """The wheel's own shim, verified against the manifest, for a torch-free
     variant; None for one that runs on torch's."""
-    if not is_torch_free(artifact):
-        return None
+    return _verified_own_shim() if is_torch_free(artifact) else None
+
+
+@functools.cache
+def _verified_own_shim() -> Path:
+    """The shim and its OpenMP runtime, checked once: a process loads them once (`_shim.load`)."""
     from ._manifest import read_manifest
 
     manifest = read_manifest()
     if manifest is None or "shim" not in manifest or "openmp" not in manifest:
-        raise PrecompiledIntegrityError(f"{artifact['cpp']['file']} is torch-free, but {HERE} ships no shim for it (the manifest names none)")
+        raise PrecompiledIntegrityError(f"{HERE}'s manifest has a torch-free C++ form but names no shim for it: the install is damaged")
     verified_path(manifest["openmp"])
     return verified_path(manifest["shim"])
 
