@@ -54,8 +54,7 @@ class PrecompileBuildHook(BuildHookInterface[BuilderConfig]):
         except BaseException:
             self._remove_staging()
             raise
-        if config.torch_free and not precompiled.torch_free:  # a model fell back to forms that need torch
-            build_data["dependencies"].extend(runtime_requirements())
+        build_data["dependencies"].extend(precompiled.extra_requirements)
         build_data["force_include"].update(precompiled.files)
         build_data["pure_python"] = False
         build_data["tag"] = precompiled.tag

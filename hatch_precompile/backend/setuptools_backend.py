@@ -103,12 +103,10 @@ def build_wheel(wheel_directory: str, config_settings: dict[str, Any] | None = N
         staging = scratch / "staging"
         staging.mkdir()
         precompiled = precompile(root, config, package, package_dir, staging, _REPORT)
-        if config.torch_free and not precompiled.torch_free:  # a model fell back to forms that need torch
-            requirements = [*requirements, *runtime_requirements()]
         return rewrite_wheel(
             built / name,
             Path(wheel_directory),
-            requirements,
+            [*requirements, *precompiled.extra_requirements],
             replace=f"{package}/{PRECOMPILED_DIR}/",
             files=precompiled.files,
             tag=precompiled.tag,

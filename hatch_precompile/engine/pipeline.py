@@ -49,7 +49,7 @@ EDITABLE_MESSAGE = "precompile: editable install, models are not compiled; load_
 class Precompiled:
     files: dict[str, str]  # a staged file -> its path in the wheel
     tag: str  # the wheel's tag: this Python, its ABI (abi3 where every variant has a lean form), the stricter of torch's and the kernels' platforms
-    torch_free: bool  # every variant has a torch-free form: the wheel runs without torch
+    extra_requirements: list[str]  # beyond the configured pins (`runtime_requirements(config.torch_free)`): torch, where a torch-free model fell back to forms that need it
 
 
 def check_sdist_pins(root: Path, requirements: list[str]) -> None:
@@ -113,7 +113,8 @@ def precompile(root: Path, config: PrecompileConfig, package: str, package_dir: 
     policies = [a["native"]["policy"] for a in artifacts]
     if (staging / SHIM_FILE).exists():  # the wheel's own shim and the OpenMP runtime it carries count in its tag too
         policies.append(system_needs([read_needs(staging / SHIM_FILE), read_needs(staging / OPENMP_FILE)], {OPENMP_SONAME}).policy)
-    return Precompiled(files, wheel_tag(policies, stable_abi), all(is_torch_free(a) for a in artifacts))
+    fell_back = config.torch_free and not all(is_torch_free(a) for a in artifacts)
+    return Precompiled(files, wheel_tag(policies, stable_abi), runtime_requirements() if fell_back else [])
 
 
 def _check_torch_free(config: PrecompileConfig, entries: dict[str, Any]) -> None:
