@@ -213,17 +213,9 @@ def _run_on_torch(pending: list[Pending], scratch: Path) -> dict[int, list[list[
 
 
 def _torch_free_check(variant: Pending) -> dict[str, Any]:
-    """What the torch-free check reads of a variant: the manifest entry's parts the loader needs."""
-    import torch
-
-    data = torch.load(variant.data_path, weights_only=True)
-    name = lambda tensor: str(tensor.dtype).removeprefix("torch.")  # noqa: E731
-    model = {
-        "weights": {"order": variant.order, "specs": {weight: {"dtype": name(tensor)} for weight, tensor in zip(variant.order, data["initial"])}},
-        "inputs": {"leaves": variant.leaves},
-        "outputs": {"leaves": [{"dtype": name(output)} for output in variant.eager[0]]},
-    }
-    return {"library": str(_library(variant)), "record": variant.entry["cpp"], "model": model, "data": str(variant.data_path)}
+    """What the torch-free check reads of a variant (`torch_free.run_without_torch`)."""
+    outputs = [str(output.dtype).removeprefix("torch.") for output in variant.eager[0]]
+    return {"library": str(_library(variant)), "record": variant.entry["cpp"], "order": variant.order, "leaves": variant.leaves, "outputs": outputs, "data": str(variant.data_path)}
 
 
 def _count_native_needs(variant: Pending) -> str:

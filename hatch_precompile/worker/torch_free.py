@@ -34,10 +34,10 @@ LINKED = ("numpy", "ml_dtypes", "hatch_precompile")
 
 
 def run_without_torch(checks: list[dict[str, Any]], scratch: Path) -> list[list[list[Any]] | str]:
-    """Run each check (`library`, `record`, `model`: the manifest entry's parts
-    the loader reads, `data`: the variant's CheckedSequence file) in a venv
-    without torch; per check, its outputs for each call (torch tensors), or why
-    it could not run."""
+    """Run each check (`library`, `record`, the weights' `order`, the input
+    `leaves`, the `outputs`' dtypes, `data`: the variant's CheckedSequence file)
+    in a venv without torch; per check, its outputs for each call (torch
+    tensors), or why it could not run."""
     import torch
 
     shim = scratch / SHIM_FILE
@@ -53,7 +53,12 @@ def run_without_torch(checks: list[dict[str, Any]], scratch: Path) -> list[list[
         arrays = scratch / f"torch-free-{index}.npz"
         _save_arrays(arrays, data["initial"], data["calls"])
         outputs = scratch / f"torch-free-{index}-outputs.npz"
-        request.append({"library": check["library"], "record": check["record"], "model": check["model"], "arrays": str(arrays), "calls": len(data["calls"]), "outputs": str(outputs)})
+        model = {  # the manifest entry's parts the loader reads
+            "weights": {"order": check["order"], "specs": {name: {"dtype": str(tensor.dtype).removeprefix("torch.")} for name, tensor in zip(check["order"], data["initial"])}},
+            "inputs": {"leaves": check["leaves"]},
+            "outputs": {"leaves": [{"dtype": dtype} for dtype in check["outputs"]]},
+        }
+        request.append({"library": check["library"], "record": check["record"], "model": model, "arrays": str(arrays), "calls": len(data["calls"]), "outputs": str(outputs)})
     path = scratch / "torch-free-check.json"
     path.write_text(json.dumps({"shim": str(shim), "checks": request}), encoding="utf-8")
     environment = {name: value for name, value in os.environ.items() if name not in ("PYTHONPATH", "PYTHONHOME")}
