@@ -6,11 +6,14 @@ sequence of calls, with `reset()`), under threads and in a child forked after a
 call, with torch never importable. A model whose
 graph calls an operator the shim lacks ships the usual C++ form under the
 eager fallback, saying which operator, and fails the build under "error".
-The shim's generator and compile are tested here too."""
+A manifest that lost its shim is refused as damaged, and a process that runs
+the wheel's shim refuses torch's beside it. The shim's generator, compile and
+operators are tested here too."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -18,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLE, Venv, build_wheel, deploy, no_compiler_env, run, write_project
+from conftest import EXAMPLE, Venv, build_wheel, deploy, no_compiler_env, reseal, run, write_project
 
 MODELS = (
     (EXAMPLE / "src" / "example_pkg" / "model.py").read_text()
@@ -346,3 +349,40 @@ def test_the_shims_operators_compute_what_numpy_does_on_any_layout(tmp_path: Pat
     assert all(difference < 1e-5 for difference in report["worst"].values()), report
     assert report["error"] == "mm: self has 3 dims, expected 2", report
     assert report["channels-last out"], report
+
+
+@pytest.mark.e2e
+@pytest.mark.standalone
+def test_a_torch_free_wheel_whose_manifest_lost_its_shim_is_refused_as_damaged(free_venv: Venv, tmp_path: Path) -> None:
+    site = Path(free_venv.script("import free_pkg, os; print(os.path.dirname(os.path.dirname(free_pkg.__file__)))").stdout.strip())
+    copy = tmp_path / "site"
+    shutil.copytree(site / "free_pkg", copy / "free_pkg")
+    manifest_path = copy / "free_pkg" / "_precompiled" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    del manifest["shim"]
+    reseal(manifest_path, manifest)
+    code = "from free_pkg import load_compiled\ntry:\n    load_compiled('encoder', arrays='numpy')\nexcept Exception as error:\n    print(type(error).__name__, error)\n"
+    said = free_venv.script(code, env=no_compiler_env(tmp_path, PYTHONPATH=str(copy))).stdout
+    assert said.startswith("PrecompiledIntegrityError") and "has a torch-free C++ form but names no shim for it: the install is damaged" in said, said
+
+
+ONE_SHIM = """
+import sys
+from pathlib import Path
+from hatch_precompile.runtime import _shim
+
+_shim.load(Path(sys.argv[1]))
+try:
+    _shim.load()
+except _shim.ShimUnavailable as error:
+    print(error)
+"""
+
+
+def test_one_process_holds_one_shim_and_the_second_load_says_so(tmp_path: Path) -> None:
+    from hatch_precompile.shim.build import compile_shim
+
+    compile_shim({"aoti_torch_get_sizes"}, tmp_path / "shim.so")
+    done = subprocess.run([sys.executable, "-c", ONE_SHIM, str(tmp_path / "shim.so")], capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "this process runs C++ forms on the wheel's own shim (torch-free models), and this one needs torch's libtorch_cpu.so: one process holds one shim" in done.stdout, done.stdout
