@@ -332,6 +332,11 @@ worst["conv1d"] = float(np.abs(conv(signal, taps, b[:1].repeat(5), [2], [1], [1]
 up, up_bias = rng.standard_normal((6, 2, 3, 2), dtype=np.float32), rng.standard_normal(4, dtype=np.float32)  # [C, O/g, kernel], two groups
 expected = transposed_reference(x, up, up_bias, (2, 3), (1, 0), (1, 2), 2, (1, 2))
 worst["conv2d transposed"] = float(np.abs(conv(x, up, up_bias, [2, 3], [1, 0], [1, 2], 2, transposed=1, extra=[1, 2]) - expected).max())
+# clone keeps a dense view's layout (here a transposed one) and its values
+cloned = _shim.Handle()
+assert lib.aoti_torch_clone(handle(weight.T), ctypes.byref(cloned)) == 0
+copy = out_of(cloned)
+worst["clone"] = float(np.abs(copy - weight.T).max()) if copy.strides == weight.T.strides else 1.0
 # a shape the operator refuses: its reason is kept, and the call returns 1
 assert lib.aoti_torch_cpu_mm_out(handle(out), handle(left), handle(weight)) == 1
 lib.hatch_precompile_shim_last_error.restype = ctypes.c_char_p

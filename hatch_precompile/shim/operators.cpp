@@ -54,13 +54,8 @@ int64_t at(const int64_t* values, int64_t length, int64_t d) { return length == 
 
 // A tensor's elements in row-major order, into `to`.
 void dense(const Tensor& t, float* to) {
-  std::vector<int64_t> index(t.ndim(), 0);
-  for (int64_t n = 0, count = t.numel(); n < count; ++n) {
-    int64_t from = 0;
-    for (int64_t d = 0; d < t.ndim(); ++d) from += index[d] * t.strides[d];
-    to[n] = t.floats()[from];
-    for (int64_t d = t.ndim() - 1; d >= 0 && ++index[d] == t.sizes[d]; --d) index[d] = 0;
-  }
+  const float* from = t.floats();
+  for_each_element(t, [&](int64_t n, int64_t offset, int64_t) { to[n] = from[offset]; });
 }
 
 // A transposed convolution (weight [C, O/g, kernel]): per sample and group, the

@@ -118,6 +118,21 @@ inline void require_dims(const Tensor& t, int64_t ndim, const char* op, const ch
     throw std::invalid_argument(std::string(op) + ": " + what + " has " + std::to_string(t.ndim()) + " dims, expected " + std::to_string(ndim));
 }
 
+// Calls visit(n, offset, other) for each element of a strided view, in row-major
+// order: n counts the elements, offset is the element's in the view's strides,
+// other its offset in the strides `then` (the same index in another layout; 0
+// where none is given).
+template <typename Visit>
+void for_each_element(const Tensor& t, Visit visit, const std::vector<int64_t>* then = nullptr) {
+  std::vector<int64_t> index(t.ndim(), 0);
+  for (int64_t n = 0, count = t.numel(); n < count; ++n) {
+    int64_t from = 0, to = 0;
+    for (int64_t d = 0; d < t.ndim(); ++d) from += index[d] * t.strides[d], to += then ? index[d] * (*then)[d] : 0;
+    visit(n, from, to);
+    for (int64_t d = t.ndim() - 1; d >= 0 && ++index[d] == t.sizes[d]; --d) index[d] = 0;
+  }
+}
+
 // out[M,N] = alpha * a[M,K] @ b[K,N] + beta * out, each operand by its pointer
 // and strides, on the kernels' OpenMP threads (blas.cpp).
 void gemm(int64_t M, int64_t N, int64_t K, float alpha, const float* a, int64_t a0, int64_t a1, const float* b, int64_t b0, int64_t b1,

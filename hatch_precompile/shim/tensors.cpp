@@ -98,14 +98,9 @@ AOTITorchError aoti_torch_clone(void* self, void** ret) {
     const Tensor& source = *tensor(self);
     std::vector<int64_t> strides = strides_like(source);
     Tensor* copy = allocate(source.ndim(), source.sizes.data(), strides.data(), source.dtype);
-    int64_t size = itemsize(source.dtype), count = source.numel();
-    std::vector<int64_t> index(source.ndim(), 0);
-    for (int64_t n = 0; n < count; ++n) {
-      int64_t from = 0, to = 0;
-      for (int64_t d = 0; d < source.ndim(); ++d) from += index[d] * source.strides[d], to += index[d] * strides[d];
-      std::memcpy(copy->data() + to * size, source.data() + from * size, size);
-      for (int64_t d = source.ndim() - 1; d >= 0 && ++index[d] == source.sizes[d]; --d) index[d] = 0;
-    }
+    int64_t size = itemsize(source.dtype);
+    for_each_element(
+        source, [&](int64_t, int64_t from, int64_t to) { std::memcpy(copy->data() + to * size, source.data() + from * size, size); }, &strides);
     *ret = copy;
   });
 }
