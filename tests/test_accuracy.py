@@ -10,7 +10,7 @@ import torch
 
 from hatch_precompile.engine.errors import ModelBuildError
 from hatch_precompile.engine.model_config import AccuracyBounds, ModelConfig
-from hatch_precompile.worker.accuracy import check_accuracy, figures
+from hatch_precompile.worker.accuracy import Yardstick, check_accuracy, check_calls, figures, lower_precision_yardstick
 
 
 def model(dtype: str | None, **accuracy: float) -> ModelConfig:
@@ -32,30 +32,36 @@ def test_figures_of_equal_opposite_and_zero_outputs() -> None:
     assert figures(one_off, r)["element_error"] == pytest.approx(1.0) and figures(one_off, r)["relative_error"] < 0.05
 
 
+def bfloat16_ruler(r: torch.Tensor, *others: torch.Tensor) -> Yardstick:
+    """A bfloat16 model's yardstick where eager is `r` rounded to bfloat16 (beside `others`)."""
+    eager = ([[r.bfloat16(), *others]], [])
+    return lower_precision_yardstick(model("bfloat16"), ["on the example inputs"], [], eager, eager, ([[r, *others]], []))
+
+
 def test_bfloat16_rounding_passes_the_defaults_and_is_recorded() -> None:
     r = reference()
-    compiled = r.bfloat16()
-    record = check_accuracy(model("bfloat16"), [compiled, torch.arange(3)], [compiled, torch.arange(3)], [r, torch.arange(3)])
+    compiled = (r + 0.002 * r.std() * torch.randn(r.shape, generator=torch.Generator().manual_seed(1))).bfloat16()  # rounds otherwise
+    record = check_calls(model("bfloat16"), bfloat16_ruler(r, torch.arange(3)), [[compiled, torch.arange(3)]], None)
     assert record["against"] == "float32 eager"
     assert 0 < record["outputs"][0]["relative_error"] < 0.01 and record["outputs"][0]["cosine"] > 0.9999
-    assert record["outputs"][1] == {"equal": True}
+    assert record["outputs"][1] == {"equal": True} and record["precision"]["outputs"][1] is None
+    assert 0.5 < record["precision"]["outputs"][0]["ratio"] < 3, record["precision"]
 
 
 @pytest.mark.parametrize(
     ("damage", "expected"),
     [
-        (lambda t: t * 1.1, "relative error 0.1 > max-relative-error 0.04"),  # wrong scale, same direction
-        (lambda t: torch.cat([t[:48], torch.zeros_like(t[48:])]), "cosine similarity"),  # a quarter of the rows lost
-        (lambda t: t.flip(0), "relative error"),  # rows in the wrong order
+        (lambda t: t * 1.1, "differs from eager bfloat16 by a relative error of 0.1,"),  # wrong scale, same direction
+        (lambda t: torch.cat([t[:48], torch.zeros_like(t[48:])]), "> max-error-ratio 3.0"),  # a quarter of the rows lost
+        (lambda t: t.flip(0), "> max-error-ratio 3.0"),  # rows in the wrong order
         (lambda t: torch.full_like(t, float("nan")), "output 0 has NaN or infinite elements where float32 eager has none"),
     ],
 )
 def test_wrong_results_in_low_precision_miss_the_defaults(damage, expected: str) -> None:
     r = reference()
-    compiled = damage(r).bfloat16()
     with pytest.raises(ModelBuildError) as caught:
-        check_accuracy(model("bfloat16"), [compiled], [r.bfloat16()], [r])
-    assert expected in caught.value.message and "float32 eager" in caught.value.message
+        check_calls(model("bfloat16"), bfloat16_ruler(r), [[damage(r).bfloat16()]], None)
+    assert expected in caught.value.message and "float32" in caught.value.message
 
 
 def test_a_bound_the_model_misses_says_by_how_much() -> None:

@@ -990,3 +990,38 @@ def test_the_shim_and_the_container_interface_run_a_library_on_numpy_arrays_as_t
     _torch_private.set_num_threads(shim.library, 1)
     assert torch.get_num_threads() == 1
     torch.set_num_threads(before)
+
+
+class _CachedAttention(nn.Module):
+    """One bfloat16 attention over a static cache of 16 positions, updated in place: a decoder's step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("keys", torch.randn(1, 4, 16, 8, generator=torch.Generator().manual_seed(0)).bfloat16())
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, position: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        self.keys.index_copy_(2, position, key)
+        return nn.functional.scaled_dot_product_attention(query, self.keys, self.keys, attn_mask=mask).transpose(1, 2).reshape(1, -1, 32)
+
+
+def test_cpu_flash_attention_is_what_sdpa_decomposes_to_and_the_float32_math_replaces_it() -> None:
+    """torch_internals.attention_as_float32_math: sdpa becomes the CPU flash kernel
+    (its output contiguous), a table entry replaces it, and the math matches it."""
+    generator = torch.Generator().manual_seed(1)
+    query, key = (torch.randn(1, 4, 1, 8, generator=generator).bfloat16() for _ in range(2))
+    mask = torch.zeros(1, 1, 1, 16, dtype=torch.bfloat16)
+    mask[..., 6:] = float("-inf")
+    args = (query, key, torch.tensor([5]), mask)
+    exported = torch.export.export(_CachedAttention(), args)
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    targets = {node.target for node in torch_internals.decompose(exported).graph.nodes}
+    assert flash in targets
+    replaced = torch_internals.decompose(exported, attention_in_float32=True)
+    assert flash not in {node.target for node in replaced.graph.nodes}
+    expected = flash(query, _CachedAttention().keys, _CachedAttention().keys, 0.0, False, attn_mask=mask)
+    assert expected[0].is_contiguous()
+    got = torch_internals.attention_as_float32_math(query, _CachedAttention().keys, _CachedAttention().keys, attn_mask=mask)
+    assert got[0].dtype == torch.bfloat16 and got[0].stride() == expected[0].stride()
+    torch.testing.assert_close(got[0], expected[0], atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(got[1], expected[1], atol=1e-3, rtol=1e-4)  # the kernel's scores of bfloat16 products
+    torch.testing.assert_close(replaced.module()(*args), exported.module()(*args), atol=2e-2, rtol=2e-2)

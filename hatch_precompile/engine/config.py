@@ -271,6 +271,9 @@ def _parse_model(check: _Checker, name: str, raw: dict[str, Any], path: str, tab
     if "cpu-targets" in raw:
         values["cpu_targets"] = _parse_cpu_targets(check, raw["cpu-targets"], f"{path}.cpu-targets")
     values["accuracy"] = _parse_accuracy(check, raw.get("accuracy", {}), f"{path}.accuracy")
+    if values["accuracy"].max_error_ratio is not None and values.get("dtype") not in ("bfloat16", "float16"):
+        needs = 'so it needs `dtype = "bfloat16"` or `"float16"`; a float32 model is held to eager by `max-relative-error`'
+        check.fail(f"{path}.accuracy.max-error-ratio", f"bounds a lower precision's error against its own rounding, {needs}")
     _check_quantize(check, raw, path, values)
     if values.get("torch_free") and not values.get("cpp_form", True):
         check.fail(f"{path}.torch-free", "is a kind of C++ form, so it needs `cpp-form = true` (this model or the table sets it false)")
@@ -336,13 +339,14 @@ def _parse_cpu_targets(check: _Checker, raw: Any, path: str) -> tuple[str, ...]:
 
 def _parse_accuracy(check: _Checker, raw: Any, path: str) -> AccuracyBounds:
     table = check.table(raw, path) or {}
-    check.keys(table, path, ("max-relative-error", "min-cosine", "max-element-error", "min-token-agreement"))
+    check.keys(table, path, ("max-relative-error", "min-cosine", "max-element-error", "min-token-agreement", "max-error-ratio"))
     bounds: dict[str, float] = {}
     for key, low, high, meaning in (
         ("max-relative-error", 0.0, None, "a number > 0: the norm of the difference over the float32 output's norm"),
         ("min-cosine", 0.0, 1.0, "a number in (0, 1]: the cosine similarity with the float32 output"),
         ("max-element-error", 0.0, None, "a number > 0: the largest difference of one element over the float32 output's largest magnitude"),
         ("min-token-agreement", 0.0, 1.0, "a number in (0, 1]: the share of positions whose most likely token is float32's"),
+        ("max-error-ratio", 0.0, None, "a number > 0: the compiled outputs' error against eager over the precision's own error against float32"),
     ):
         if key not in table:
             continue

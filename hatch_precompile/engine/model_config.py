@@ -29,7 +29,7 @@ ModuleDtype = Literal["float32", "bfloat16", "float16"]
 Quantization = Literal["int8", "int8-weight-only", "int4-weight-only"]
 WEIGHT_ONLY = ("int8-weight-only", "int4-weight-only")  # quantized weights, bfloat16 activations (worker/weight_only.py)
 INT4_GROUP_SIZES = (32, 64, 128)
-DEFAULT_INT4_GROUP_SIZE = 64  # divides the widths of small LLMs (576, 768, 960) where 128 does not
+DEFAULT_INT4_GROUP_SIZE = 32  # llama.cpp Q4_0's; divides the widths of small LLMs (576, 768, 960) where 128 does not
 OutputForm = Literal["classes", "plain"]  # runtime.OUTPUT_FORMS, which the loader checks (a test keeps them equal)
 
 IMPORT_PATH = '`"module:callable"`'  # a Setting of this type is checked as an import path
@@ -104,14 +104,16 @@ class TensorInput:
 
 @dataclass(frozen=True)
 class AccuracyBounds:
-    """`accuracy = { max-relative-error = 0.04, min-cosine = 0.999, max-element-error = 1e-4 }`:
-    the worst each floating output may be against the float32 model (see
+    """`accuracy = { max-relative-error = 0.04, min-cosine = 0.999, max-element-error = 1e-4, max-error-ratio = 3 }`:
+    the worst each floating output may be against the float32 model, and a
+    lower-precision model's error against eager over its precision's own (see
     worker/accuracy.py); a bound left out takes the dtype's default."""
 
     max_relative_error: float | None = None
     min_cosine: float | None = None
     max_element_error: float | None = None
-    min_token_agreement: float | None = None  # weight-only models with state: greedy tokens equal to float32's
+    min_token_agreement: float | None = None  # lower-precision decoders with state: greedy tokens equal to float32's
+    max_error_ratio: float | None = None  # lower precisions: drift from eager over the precision's own rounding
 
 
 def _input_to_plain(spec: TensorInput) -> dict[str, Any]:
@@ -232,8 +234,9 @@ class ModelConfig:
             "accuracy",
             "table",
             "by `dtype`",
-            "`{ max-relative-error = 0.04, min-cosine = 0.999, max-element-error = 1e-4 }`: the worst each floating output may be"
-            " against the float32 model, and `min-token-agreement` for weight-only decoders (see [Accuracy checks](#accuracy-checks)); a bound left out keeps its default",
+            "`{ max-relative-error = 1e-4, min-cosine = 0.999, max-element-error = 1e-4 }`: the worst each floating output may be"
+            " against the float32 model; for a lower precision, `max-error-ratio` (its error against eager over its precision's own, default 3)"
+            " and `min-token-agreement` for decoders (see [Accuracy checks](#accuracy-checks)); a bound left out keeps its default",
             to_plain=lambda bounds: {k: v for k, v in vars(bounds).items() if v is not None},
             from_plain=lambda data: AccuracyBounds(**data),
         ),
@@ -257,7 +260,8 @@ class ModelConfig:
             "group-size",
             "integer",
             f"`{DEFAULT_INT4_GROUP_SIZE}`",
-            "with `int4-weight-only`: 32, 64 or 128 weights share a scale and a zero point; smaller is closer to bfloat16 and reads a little more per token",
+            "with `int4-weight-only`: 32, 64 or 128 weights share a scale and a zero point; smaller is closer to bfloat16 and reads a little more per token. "
+            "The output layer (the logits) is stored in int8, as llama.cpp keeps it at 6 or 8 bits",
             compiled=True,
             keyed=True,
         ),

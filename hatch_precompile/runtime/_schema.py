@@ -79,7 +79,8 @@ class AccuracyRecord(TypedDict):
     against: str  # "eager", or "float32 eager" for a lower-precision model
     outputs: list[OutputAccuracy]
     batches: NotRequired[list[BatchAccuracy]]  # int8 with `calibration`: the batches it was also checked on
-    calls: NotRequired[list[list[OutputAccuracy]]]  # weight-only with state: each call after the first, against float32
+    calls: NotRequired[list[list[OutputAccuracy]]]  # a lower precision: each call after the first, against float32
+    precision: NotRequired[PrecisionRecord]  # a lower precision: its error against eager over its own rounding
     token_agreement: NotRequired[TokenAgreement]
     vnni: NotRequired[bool]  # int8: whether the CPU it was checked on had VNNI (`_manifest.VNNI`), where int8 products do not saturate
 
@@ -90,6 +91,22 @@ class TokenAgreement(TypedDict):
 
     agreed: int
     positions: int
+    eager_agreed: NotRequired[int]  # eager's own, in the same precision
+
+
+class RoundingRatio(TypedDict):
+    """One output's (or state buffer's) relative error against eager over all the
+    build's calls (`drift`), over its precision's own against float32 (`rounding`)."""
+
+    drift: float
+    rounding: float
+    ratio: float
+
+
+class PrecisionRecord(TypedDict):
+    calls: int
+    outputs: list[RoundingRatio | None]  # None: an integer output (it equals eager's)
+    state: NotRequired[dict[str, RoundingRatio | None]]
 
 
 class WeightSpec(TypedDict):
@@ -266,6 +283,7 @@ class QuantizationRecord(TypedDict):
     layers: list[str]  # the linear layers whose weights are stored quantized
     left: dict[str, str]  # linear layers left in bfloat16: name -> why
     group_size: NotRequired[int]  # int4: weights per scale and zero point
+    int8: NotRequired[dict[str, str]]  # int4: layers stored in int8 instead: name -> why (the output layer)
 
 
 class ModelEntry(SourceModel):

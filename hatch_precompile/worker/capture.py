@@ -32,6 +32,7 @@ from .state import mutated_buffers
 from .torch_internals import DimFix, constraint_fixes, decompose, tree_leaves, tree_map, treespec_to_json
 
 Call = tuple[tuple[Any, ...], dict[str, Any]]  # one call's (args, kwargs)
+Run = tuple[list[list[Any]], list[torch.Tensor]]  # a module's flat outputs for each call, and its state after the last
 InputPath = tuple[int | str, ...]  # positional index or keyword, then keys and indices into nested inputs
 Axes = dict[InputPath, dict[int, str]]  # the dims by axis of each tensor input that has any
 
@@ -45,6 +46,7 @@ class Captured:
     input_tree: TreeSpec
     input_leaves: list[InputLeaf]
     reference: torch.nn.Module | None = None  # the float32 module a lower-precision one was converted from
+    unquantized: torch.nn.Module | None = None  # a weight-only model's bfloat16 module before its weights were quantized
     # `quantize` models only: the export before inductor's decompositions, which
     # PT2E quantizes (its quantizer annotates aten.linear and convolutions, which they rewrite)
     undecomposed: torch.export.ExportedProgram | None = None
@@ -74,19 +76,10 @@ class Captured:
         return [(self.args, self.kwargs), *self.steps]
 
     @functools.cached_property
-    def eager_run(self) -> tuple[list[list[Any]], list[torch.Tensor]]:
+    def eager_run(self) -> Run:
         """The module's flat outputs for each call, and its state after the last,
         from the initial state (on a copy, so the module itself keeps it)."""
-        module = self.module
-        if self.state:
-            module = copy.deepcopy(module)
-            buffers = dict(module.named_buffers())
-            for name in self.state:
-                buffers[name].copy_(self.initial_state[name])
-        with torch.no_grad():
-            outputs = [tree_leaves(module(*args, **kwargs)) for args, kwargs in self.calls]
-        buffers = dict(module.named_buffers())
-        return outputs, [buffers[name] for name in self.state]
+        return self._run(self.module)
 
     @property
     def eager_outputs(self) -> list[Any]:
@@ -94,31 +87,43 @@ class Captured:
         against every CPU target's artifact."""
         return self.eager_run[0][0]
 
-    @functools.cached_property
+    @property
     def reference_outputs(self) -> list[Any] | None:
-        """The float32 module's flat outputs on the same inputs (floating ones as
+        """The float32 module's flat outputs on the example inputs (floating ones as
         float32), what `accuracy.py` holds a lower-precision model to; None for a
         float32 model."""
-        if self.reference is None:
-            return None
-        from .accuracy import reference_inputs
-
-        args, kwargs = reference_inputs(self.args, self.kwargs)
-        reference = copy.deepcopy(self.reference) if self.state else self.reference  # its state stays as it was
-        with torch.no_grad():
-            return tree_leaves(reference(*args, **kwargs))
+        return None if self.reference is None else self.reference_run[0][0]
 
     @functools.cached_property
-    def reference_run(self) -> list[list[Any]]:
+    def reference_run(self) -> Run:
         """The float32 module's flat outputs for each call (floating inputs as
-        float32), from its own initial state, on a copy; for a lower-precision
-        model with state."""
+        float32), and its state after the last, from its own initial state, on a copy."""
+        assert self.reference is not None
+        return self._run(self.reference)
+
+    @functools.cached_property
+    def precision_run(self) -> Run:
+        """The module in its activations' dtype before its weights were quantized
+        (the module itself where they were not), for each call from the initial
+        state: with `reference_run`, how far that dtype's rounding alone moves a
+        computation from float32 (worker/accuracy.py)."""
+        return self.eager_run if self.unquantized is None else self._run(self.unquantized)
+
+    def _run(self, module: torch.nn.Module) -> Run:
+        """`module` on every call, the float32 module on the calls' floating inputs as
+        float32 and from its own state (in its dtype), the others from the initial state."""
         from .accuracy import reference_inputs
 
-        assert self.reference is not None
-        reference = copy.deepcopy(self.reference)
+        float32 = module is self.reference
+        if self.state:
+            module = copy.deepcopy(module)  # the module's own state stays as it was
+            buffers = dict(module.named_buffers())
+            for name in [] if float32 else self.state:
+                buffers[name].copy_(self.initial_state[name])
         with torch.no_grad():
-            return [tree_leaves(reference(*args, **kwargs)) for args, kwargs in (reference_inputs(*call) for call in self.calls)]
+            outputs = [tree_leaves(module(*args, **kwargs)) for args, kwargs in (reference_inputs(*call) if float32 else call for call in self.calls)]
+        buffers = dict(module.named_buffers())
+        return outputs, [buffers[name] for name in self.state]
 
 
 def import_callable(model: str, key: str, spec: str) -> Any:
@@ -178,12 +183,12 @@ def _call_factory(model: ModelConfig, factory: Any, kwargs: dict[str, Any]) -> t
     return module.eval()
 
 
-def capture(model: ModelConfig, module: torch.nn.Module, fixed: dict[str, int], reference: torch.nn.Module | None = None) -> Captured:
+def capture(model: ModelConfig, module: torch.nn.Module, fixed: dict[str, int], reference: torch.nn.Module | None = None, unquantized: torch.nn.Module | None = None) -> Captured:
     """Export the model so that exactly the declared dims not in `fixed` are dynamic;
     those in `fixed` are static at the given size. A model torch cannot capture
     stops the build with the reason in the configuration's terms."""
     try:
-        captured = dataclasses.replace(_export(model, module, fixed), reference=reference)
+        captured = dataclasses.replace(_export(model, module, fixed), reference=reference, unquantized=unquantized)
     except _ExportFailed as failed:
         if failed.step == "decomposition":
             raise ModelBuildError(model.name, "decomposing the captured graph", _decomposition_failure(failed)) from None
@@ -272,9 +277,10 @@ def _export(model: ModelConfig, module: torch.nn.Module, fixed: dict[str, int]) 
             undecomposed = torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes)
     except Exception as error:
         raise _ExportFailed(error, dynamic_shapes, args, kwargs, sizes) from None
+    float32_attention = _decodes_in_low_precision(model, undecomposed)
     try:
         with torch.no_grad():
-            exported = decompose(without_dead_code(undecomposed))
+            exported = decompose(without_dead_code(undecomposed), float32_attention)
     except Exception as error:
         # Some graphs (transformers' static-cache decoders on torch 2.13) decompose
         # only from the strict capture, which is also what their own export uses.
@@ -283,7 +289,7 @@ def _export(model: ModelConfig, module: torch.nn.Module, fixed: dict[str, int]) 
         try:
             with torch.no_grad():
                 undecomposed = torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes, strict=True)
-                exported = decompose(without_dead_code(undecomposed))
+                exported = decompose(without_dead_code(undecomposed), float32_attention)
         except Exception as strict_error:
             failed.strict_error = strict_error
             raise failed from None
@@ -555,6 +561,15 @@ def _capture_failure(model: ModelConfig, module: torch.nn.Module, fixed: dict[st
     else:
         head = f"the model's code needs fixed sizes for the declared dims {_listed(dynamic)} together: torch.export captures it only with all of them static:"
     return f"{head}\n" + "\n".join(items) + f"\n\ntorch's message:\n{message}"
+
+
+def _decodes_in_low_precision(model: ModelConfig, exported: torch.export.ExportedProgram) -> bool:
+    """Whether the model is a decoder with state (a KV cache) in bfloat16 or float16,
+    whose attention the build computes as float32 math instead of torch's CPU flash
+    kernel: one query at a time, that kernel costs 8x its float32 time in bfloat16
+    (torch_internals.attention_as_float32_math). A model without state keeps the
+    flash kernel, whose memory does not grow with the square of long inputs."""
+    return model.dtype in ("bfloat16", "float16") and bool(mutated_buffers(exported))
 
 
 def _exports(model: ModelConfig, module: torch.nn.Module, fixed: dict[str, int]) -> bool:

@@ -40,7 +40,7 @@ from ..runtime._lean import make_runner
 from ..runtime._manifest import VNNI, cpu_features
 from ..runtime._schema import ArtifactEntry, BatchAccuracy, ModelEntry, OutputLeaf, QuantizationRecord, WeightsEntry, is_lean_only
 from . import cpp_form, lean, torch_internals
-from .accuracy import EXAMPLE_INPUTS_BESIDE_CALIBRATION, SANITY_BOUNDS, check_accuracy, check_steps
+from .accuracy import SANITY_BOUNDS, check_accuracy, check_calls, yardstick
 from .capture import Captured, _torch_error
 from .form import BuildForm, Pending, Variant
 from .key import artifact_key, build_environment
@@ -148,29 +148,24 @@ def produce_artifact(
         run = _saved_runner(out_dir, entry)
         with torch.no_grad():
             outputs = list(run(flat))
-    batches = _check_calibration_batches(model, captured, quantized, run) if quantized is not None else []
-    if batches:  # the model's bounds held there; the example inputs need only be sane
-        entry["accuracy"] = check_accuracy(model, outputs, captured.eager_outputs, captured.reference_outputs, EXAMPLE_INPUTS_BESIDE_CALIBRATION, bounds=SANITY_BOUNDS)
-        entry["accuracy"]["batches"] = batches
-    else:
-        entry["accuracy"] = check_accuracy(model, outputs, captured.eager_outputs, captured.reference_outputs)
-    if model.quantize == "int8":  # explain() says so where it runs without VNNI and this check had it
-        entry["accuracy"]["vnni"] = bool(VNNI & cpu_features())
     steps = []
     for call in calls[1:]:
         with torch.no_grad():
             steps.append(list(run([*weights, *call])))
     state = [weights[index] for index in sorted(state_inputs)]
-    against_float32 = check_steps(model, captured, [outputs, *steps], state)
-    if against_float32 is not None:
-        entry["accuracy"]["calls"] = against_float32["calls"]
-        entry["accuracy"]["token_agreement"] = against_float32["token_agreement"]
+    batches = _check_calibration_batches(model, captured, quantized, run) if quantized is not None else []
+    ruler = yardstick(model, captured)
+    # An int8 model's calibration batches held its bounds; its example inputs need only be sane.
+    entry["accuracy"] = check_calls(model, ruler, [outputs, *steps], state, first=SANITY_BOUNDS if batches else None)
+    if batches:
+        entry["accuracy"]["batches"] = batches
+    if model.quantize == "int8":  # explain() says so where it runs without VNNI and this check had it
+        entry["accuracy"]["vnni"] = bool(VNNI & cpu_features())
     if not any(LOADED_FORMS[form.NAME].shipped(entry) for form in FORMS):
         return ProducedArtifact(entry, key, origin, True, None, form_times)  # the artifact form alone: nothing more to check
     data_path = _save_sequence(entry, CheckedSequence(initial, calls, [outputs, *steps], sorted(state_inputs), state), out_dir)
-    call_names = [captured.call_name(index) for index in range(len(calls))]
     order = list(lifted_weights(captured))
-    pending = Pending(model, op_libraries, entry, out_dir, origin == "compiled", data_path, order, captured.input_leaves, captured.eager_run[0], call_names, captured.reference_outputs)
+    pending = Pending(model, op_libraries, entry, out_dir, origin == "compiled", data_path, order, captured.input_leaves, ruler)
     return ProducedArtifact(entry, key, origin, True, pending, form_times)
 
 

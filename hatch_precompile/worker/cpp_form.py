@@ -159,7 +159,7 @@ def _library(variant: Pending) -> Path:
 
 
 def _check_in_fresh_process(pending: list[Pending], scratch: Path) -> None:
-    from .accuracy import check_accuracy
+    from .accuracy import check_calls
     from .torch_free import run_without_torch
 
     ran = _run_on_torch([v for v in pending if not is_torch_free(v.entry)], scratch)
@@ -171,8 +171,7 @@ def _check_in_fresh_process(pending: list[Pending], scratch: Path) -> None:
         reason = outputs_or_reason if isinstance(outputs_or_reason, str) else ""
         if not reason:
             try:
-                for call, (outputs, eager) in enumerate(zip(outputs_or_reason, variant.eager, strict=True), start=1):
-                    check_accuracy(variant.model, list(outputs), eager, variant.reference if call == 1 else None, f"{variant.call_names[call - 1]} (the C++ form)")
+                check_calls(variant.model, variant.yardstick, [list(outputs) for outputs in outputs_or_reason], None, " (the C++ form)")
             except ModelBuildError as error:
                 reason = error.message
         if not reason:
@@ -214,7 +213,7 @@ def _run_on_torch(pending: list[Pending], scratch: Path) -> dict[int, list[list[
 
 def _torch_free_check(variant: Pending) -> dict[str, Any]:
     """What the torch-free check reads of a variant (`torch_free.run_without_torch`)."""
-    outputs = [str(output.dtype).removeprefix("torch.") for output in variant.eager[0]]
+    outputs = [str(output.dtype).removeprefix("torch.") for output in variant.yardstick.eager[0][0]]
     return {"library": str(_library(variant)), "record": variant.entry["cpp"], "order": variant.order, "leaves": variant.leaves, "outputs": outputs, "data": str(variant.data_path)}
 
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from ..engine.model_config import ModelConfig
     from ..runtime._schema import ArtifactEntry, CppRecord, InputLeaf, LeanRecord
+    from .accuracy import Yardstick
     from .capture import Captured
     from .torch_internals import FrozenGraph
 
@@ -62,9 +63,7 @@ class Pending:
     data_path: Path  # torch.save of compile.CheckedSequence: the initial weights and state, the calls, the artifact's outputs
     order: list[str]  # the weights' names, in the graph's order
     leaves: list[InputLeaf]
-    eager: list[list[Any]]  # eager's flat outputs for each call
-    call_names: list[str]  # each call, in the build's messages (`Captured.call_name`)
-    reference: list[Any] | None  # a lower-precision model's float32 outputs on the first call
+    yardstick: Yardstick  # what its outputs are checked against, call by call
 
 
 class BuildForm(Protocol):

@@ -11,6 +11,7 @@ per model, progress lines, and per model a `BuiltModel` or a `WorkerFailure`.
 
 from __future__ import annotations
 
+import copy
 import shutil
 import sys
 import time
@@ -109,19 +110,23 @@ def _produce_variants(request: WorkerRequest) -> _Compiled:
     torch_internals.start_model()
     with _step(model.name, "built the module"):
         module, reference = build_module(model)
-    quantization = None
+    quantization = unquantized = None
     if model.weight_only:
+        if reference is not None:  # its bfloat16 rounding is the yardstick of the compiled model's (worker/accuracy.py)
+            unquantized = copy.deepcopy(module)
         with _step(model.name, f"quantized its linear layers' weights with torchao ({model.quantize})"):
             quantization = quantize_weights(model, module)
         left = f"; left in bfloat16: {quantization['left']}" if quantization["left"] else ""
-        _report(model.name, f"{len(quantization['layers'])} linear layers hold {quantization['scheme'].split('-')[0]} weights{left}")
+        int8 = quantization.get("int8", {})
+        kept = f" ({', '.join(int8)} in int8: {next(iter(int8.values()))})" if int8 else ""
+        _report(model.name, f"{len(quantization['layers'])} linear layers hold {quantization['scheme'].split('-')[0]} weights{kept}{left}")
     produced: list[ProducedArtifact] = []
     first: tuple[Captured, WeightsEntry] | None = None
     op_libraries: dict[str, str] = {}
     for fixed in model.shape_variants():
         shape = ", ".join(f"{dim}={size}" for dim, size in fixed.items()) or "dynamic dims"
         with _step(model.name, f"captured with torch.export ({shape})"):
-            captured = capture(model, module, fixed, reference)
+            captured = capture(model, module, fixed, reference, unquantized)
         if captured.strict_because:
             _report(model.name, f"captured strictly (torch.export's strict=True, through dynamo): {captured.strict_because}")
         if captured.state:

@@ -35,6 +35,12 @@ from ..runtime._schema import QuantizationRecord
 from .quantize import TORCHAO_REQUIREMENT
 from .torch_internals import int4_weight_matmul, int8_weight_matmul
 
+# llama.cpp's quantize tool keeps the output matrix (or the tied embedding serving
+# as one) of a Q4_0 model at Q6_K, or Q8_0 where its width is no multiple of 256:
+# on SmolLM2-135M, 28 of its 135 million weights, and the layer whose rounding moves
+# the logits most directly (docs/performance.md).
+OUTPUT_IN_INT8 = "the output layer (the logits), kept in int8 as llama.cpp's quantize tool keeps it at 6 or 8 bits"
+
 
 class Int8WeightOnlyLinear(nn.Module):
     """y = x W^T + b with W stored as int8, one bfloat16 scale per output channel."""
@@ -101,6 +107,8 @@ def quantize_weights(model: ModelConfig, module: nn.Module) -> QuantizationRecor
     record: QuantizationRecord = {"scheme": str(model.quantize), "layers": [], "left": {}}
     if bits == 4:
         record["group_size"] = group_size
+        record["int8"] = {}
+    output_layers = _output_layers(module)
     replaced: dict[int, nn.Module] = {}  # a layer reached under two names (shared) is quantized once
     for name, layer in _linear_layers(module):
         if id(layer.module) in replaced:
@@ -110,13 +118,16 @@ def quantize_weights(model: ModelConfig, module: nn.Module) -> QuantizationRecor
         if isinstance(layer.parent, nn.MultiheadAttention):
             record["left"][name] = "nn.MultiheadAttention reads this layer's weight itself instead of calling it"
             continue
-        if reason := _kernel_refuses(bits, group_size, out_features, in_features):
+        as_int8 = bits == 4 and id(layer.module) in output_layers and not _kernel_refuses(8, group_size, out_features, in_features)
+        if not as_int8 and (reason := _kernel_refuses(bits, group_size, out_features, in_features)):
             record["left"][name] = reason
             continue
         weight = layer.weight.detach().to(torch.bfloat16).contiguous()  # Conv1D's is a transposed view; the kernels take rows
         bias = None if layer.bias is None else layer.bias.detach().to(torch.bfloat16)
         try:
-            if bits == 8:
+            if as_int8:
+                record["int8"][name] = OUTPUT_IN_INT8
+            if bits == 8 or as_int8:
                 quantized = int8_tensor.from_hp(weight, per_row())
                 replacement: nn.Module = Int8WeightOnlyLinear(quantized.qdata, quantized.scale.reshape(-1).to(torch.bfloat16), bias)
             else:
@@ -131,6 +142,20 @@ def quantize_weights(model: ModelConfig, module: nn.Module) -> QuantizationRecor
         found = f"; left in bfloat16: {record['left']}" if record["left"] else ""
         raise ModelBuildError(model.name, step, f"the module has no linear layer (nn.Linear, or transformers' Conv1D) to quantize{found}; remove `quantize`")
     return record
+
+
+def _output_layers(module: nn.Module) -> set[int]:
+    """The ids of the layers that make a language model's logits: what a
+    transformers model's `get_output_embeddings()` returns, and any linear layer
+    whose weight is an embedding's (tied)."""
+    embeddings = {id(m.weight) for m in module.modules() if isinstance(m, nn.Embedding)}
+    found = {id(m) for m in module.modules() if isinstance(m, nn.Linear) and id(m.weight) in embeddings}
+    for child in module.modules():
+        get = getattr(child, "get_output_embeddings", None)
+        head = get() if callable(get) else None
+        if isinstance(head, nn.Linear):
+            found.add(id(head))
+    return found
 
 
 def _kernel_refuses(bits: int, group_size: int, out_features: int, in_features: int) -> str:

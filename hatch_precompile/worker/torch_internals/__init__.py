@@ -19,7 +19,7 @@ The rest of the worker imports the names below from here.
 """
 
 from .aoti import TORCH_FREE_CONFIG, aliased_output, compile_container, container_constants, returned_inputs
-from .export import LAZY_DECOMPOSITION_MODULES, DimFix, constraint_fixes, decompose, python_op_libraries, tree_leaves, tree_map, treespec_to_json
+from .export import LAZY_DECOMPOSITION_MODULES, DimFix, attention_as_float32_math, constraint_fixes, decompose, python_op_libraries, tree_leaves, tree_map, treespec_to_json
 from .frozen import FrozenGraph, compile_frozen, is_onednn_packed, pre_grad_pass_kept
 from .inductor import compile_exported, extern_kernel_is_torch_function, output_module, save_artifact, start_model, torch_key, wrapper_work
 from .kernels import STABLE_ABI_PRELUDE, TORCH_PATH_MAP, captured_kernels, compiler_outputs_in, precompiled_headers_in, probe_vector_isas_in, pybinding_kernel_key, vector_isa
@@ -40,6 +40,7 @@ __all__ = [
     "compiler_outputs_in",
     "constraint_fixes",
     "container_constants",
+    "attention_as_float32_math",
     "decompose",
     "extern_kernel_is_torch_function",
     "int4_weight_matmul",
