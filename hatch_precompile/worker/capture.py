@@ -277,10 +277,9 @@ def _export(model: ModelConfig, module: torch.nn.Module, fixed: dict[str, int]) 
             undecomposed = torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes)
     except Exception as error:
         raise _ExportFailed(error, dynamic_shapes, args, kwargs, sizes) from None
-    float32_attention = _decodes_in_low_precision(model, undecomposed)
     try:
         with torch.no_grad():
-            exported = decompose(without_dead_code(undecomposed), float32_attention)
+            exported = _decomposed(model, undecomposed)
     except Exception as error:
         # Some graphs (transformers' static-cache decoders on torch 2.13) decompose
         # only from the strict capture, which is also what their own export uses.
@@ -289,7 +288,7 @@ def _export(model: ModelConfig, module: torch.nn.Module, fixed: dict[str, int]) 
         try:
             with torch.no_grad():
                 undecomposed = torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes, strict=True)
-                exported = decompose(without_dead_code(undecomposed), float32_attention)
+                exported = _decomposed(model, undecomposed)
         except Exception as strict_error:
             failed.strict_error = strict_error
             raise failed from None
@@ -563,13 +562,18 @@ def _capture_failure(model: ModelConfig, module: torch.nn.Module, fixed: dict[st
     return f"{head}\n" + "\n".join(items) + f"\n\ntorch's message:\n{message}"
 
 
-def _decodes_in_low_precision(model: ModelConfig, exported: torch.export.ExportedProgram) -> bool:
-    """Whether the model is a decoder with state (a KV cache) in bfloat16 or float16,
-    whose attention the build computes as float32 math instead of torch's CPU flash
-    kernel: one query at a time, that kernel costs 8x its float32 time in bfloat16
-    (torch_internals.attention_as_float32_math). A model without state keeps the
-    flash kernel, whose memory does not grow with the square of long inputs."""
-    return model.dtype in ("bfloat16", "float16") and bool(mutated_buffers(exported))
+def _decomposed(model: ModelConfig, undecomposed: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """The capture decomposed; for a decoder with state (a KV cache) in bfloat16 or
+    float16, with its attention as float32 math instead of torch's CPU flash kernel,
+    which one query at a time costs 8x its float32 time in bfloat16
+    (torch_internals.attention_as_float32_math). Only the decomposed graph says
+    whether the model has state (the capture updates its buffers in place), so
+    such a model is decomposed twice. A model without state keeps the flash
+    kernel, whose memory does not grow with the square of long inputs."""
+    exported = decompose(without_dead_code(undecomposed))
+    if model.dtype in ("bfloat16", "float16") and mutated_buffers(exported):
+        exported = decompose(without_dead_code(undecomposed), attention_in_float32=True)
+    return exported
 
 
 def _exports(model: ModelConfig, module: torch.nn.Module, fixed: dict[str, int]) -> bool:

@@ -16,8 +16,10 @@ checks each):
   `aten._scaled_dot_product_flash_attention_for_cpu(query, key, value, dropout_p,
   is_causal, *, attn_mask, scale) -> (output, logsumexp)`, its mask of the
   query's dtype and its output contiguous, and a table entry for it replaces it
-  (`attention_as_float32_math`); `aten._safe_softmax` gives zeros for a fully
-  masked row.
+  (`attention_as_float32_math`). Inductor's pattern matcher turns a matrix
+  product, softmax and matrix product back into that kernel
+  (`fx_passes/fuse_attention.py`, which matches the softmax's division); the
+  softmax written as `exp(scores - logsumexp)` is not matched.
 - A constraint violation from `torch.export.export` is a `torch._dynamo.exc.UserError`
   with `error_type` `UserErrorType.CONSTRAINT_VIOLATION`, whose `msg` (without
   the `draft_export()` advice `str()` adds) is what torch's public
@@ -88,7 +90,10 @@ def attention_as_float32_math(
     if attn_mask is not None:  # the kernel takes only a mask of the query's dtype, added to the scores
         scores = scores + attn_mask.float()
     logsumexp = torch.logsumexp(scores, -1)
-    probabilities = torch.ops.aten._safe_softmax.default(scores, -1)  # a row with every position masked: zeros, as flash gives
+    # The softmax as exp(scores - logsumexp): inductor's attention patterns (fx_passes/fuse_attention.py)
+    # match a softmax's division and would put the flash kernel back. A row with every position
+    # masked gives zeros, as the kernel does.
+    probabilities = torch.exp(scores - logsumexp.masked_fill(torch.isneginf(logsumexp), 0.0).unsqueeze(-1))
     return (probabilities @ value.float()).to(query.dtype).contiguous(), logsumexp  # contiguous, as the kernel's
 
 
