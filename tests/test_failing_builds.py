@@ -227,7 +227,7 @@ def test_weight_only_layers_that_cannot_be_quantized_are_named_and_a_miss_says_w
     weights missing a bound: by how much, and int8's advice (the second layer
     only: the first's 8 inputs are too few for the int8 kernel)."""
     toml = MODEL.format(factory="mypkg.models:mlp").replace('shape = ["batch", 8]', 'shape = ["batch", 8], dtype = "bfloat16"')
-    int4 = toml + 'dtype = "bfloat16"\nquantize = "int4-weight-only"\n'
+    int4 = toml + 'dtype = "bfloat16"\nquantize = "int4-weight-only"\ngroup-size = 64\n'
     status, output, scratch = build(make_project(tmp_path / "int4", int4))
     assert status != 0
     assert (

@@ -192,13 +192,15 @@ def test_the_wheel_ships_the_quantized_weights_alone_and_records_their_accuracy(
         for name, *_ in [*MODELS_BUILT, ("encoder_int8",)]:
             entry = manifest["models"][name]
             record, specs = entry["quantization"], entry["weights"]["specs"]
-            suffix = "weight_int8" if record["scheme"] == "int8-weight-only" else "weight_int4"
-            in_bfloat16 = 0
+            int4_layers = [layer for layer in record["layers"] if record["scheme"] == "int4-weight-only" and layer not in record.get("int8", {})]
+            in_bfloat16 = quantized = 0
             for layer in record["layers"]:
+                suffix = "weight_int4" if layer in int4_layers else "weight_int8"
                 assert f"{layer}.weight" not in specs and specs[f"{layer}.{suffix}"]["dtype"] in ("int8", "uint8"), (name, layer)
-                out_features = specs[f"{layer}.{suffix}"]["shape"][0]
-                in_bfloat16 += 2 * out_features * specs[f"{layer}.{suffix}"]["shape"][1] * (2 if suffix == "weight_int4" else 1)
-            quantized = sum(math.prod(specs[f"{layer}.{suffix}"]["shape"]) for layer in record["layers"])
+                if layer in int4_layers or record["scheme"] == "int8-weight-only":  # the share of the scheme's own layers
+                    shape = specs[f"{layer}.{suffix}"]["shape"]
+                    in_bfloat16 += 2 * shape[0] * shape[1] * (2 if suffix == "weight_int4" else 1)
+                    quantized += math.prod(shape)
             sizes[name] = quantized / in_bfloat16
             assert record["left"] == {}, record
             for artifact in entry["artifacts"]:
@@ -207,6 +209,8 @@ def test_the_wheel_ships_the_quantized_weights_alone_and_records_their_accuracy(
                     assert 0 < agreement["agreed"] <= agreement["positions"] and artifact["accuracy"]["calls"], artifact["accuracy"]
             assert archive.getinfo(f"lowbit/_precompiled/{entry['weights']['file']}").file_size > quantized
     assert manifest["models"]["decoder_int4"]["quantization"]["group_size"] == 32
+    int4_outputs = {name: manifest["models"][name]["quantization"].get("int8") for name, *_ in MODELS_BUILT if name.endswith("int4")}
+    assert any(int4_outputs.values()), int4_outputs  # a decoder's output layer stays int8, as llama.cpp keeps it
     assert all(share == 0.5 for name, share in sizes.items() if name.endswith("int8")), sizes  # a byte for bfloat16's two
     assert all(share == 0.25 for name, share in sizes.items() if name.endswith("int4")), sizes  # half a byte
 
