@@ -70,7 +70,8 @@ for case in json.loads(sys.argv[1]):
         eager = getattr(importlib.import_module(case["package"] + ".models"), factory)()
         low_precision = getattr(torch, case["dtype"]) if case["dtype"] else None
         figured = low_precision or case["quantize"]  # held to float32 by relative error and cosine
-        max_error, min_cosine = (0.2, 0.98) if case["quantize"] else (0.04, 0.999)  # int8's default bounds, and bfloat16's fixed ones (accuracy.WITHOUT_FLOAT32_BOUNDS): these small models' bfloat16 error stays within them
+        # int8's default bounds, and bfloat16's fixed ones (accuracy.WITHOUT_FLOAT32_BOUNDS), which these small models stay within
+        max_error, min_cosine = (0.2, 0.98) if case["quantize"] else (0.04, 0.999)
         worst, worst_error, worst_cosine = 0.0, 0.0, 1.0
         for index, size in enumerate(case["sizes"]):
             generator = torch.Generator().manual_seed(index)
