@@ -458,7 +458,7 @@ def test_a_library_linking_what_the_manylinux_policy_does_not_provide_is_refused
     subprocess.run(["cc", "-shared", "-fPIC", "-o", tmp_path / "cpu_avx2_cpp.so", tmp_path / "model.c", f"-L{tmp_path}", "-lhatchextra"], check=True)
     kernels_needs = {"glibc": "2.2.5", "glibcxx": "", "libraries": ["libc.so.6"], "policy": "manylinux_2_5_x86_64"}
     entry = {"file": "cpu_avx2.bin", "kernels": [], "cpp": {"file": "cpu_avx2_cpp.so", "constants": {}}, "native": dict(kernels_needs)}
-    variant = Pending(None, {}, entry, tmp_path, True, tmp_path / "data.pt", [], [], [], [], None)  # type: ignore[arg-type]
+    variant = Pending(None, {}, entry, tmp_path, True, tmp_path / "data.pt", [], [], None)  # type: ignore[arg-type]
     reason = _count_native_needs(variant)
     assert reason.startswith("compiled kernel cpu_avx2_cpp.so links libhatchextra.so, which neither torch's wheel nor the manylinux policy provides"), reason
     assert entry["native"] == kernels_needs
