@@ -112,10 +112,16 @@ WEIGHT_ONLY_ADVICE = {
 }
 
 
+def precision_of(model: ModelConfig) -> str:
+    """The precision whose bounds the model takes: weight-only models are bfloat16
+    too, and take the scheme's."""
+    return model.quantize or model.dtype or "float32"
+
+
 def bounds_for(model: ModelConfig, with_float32: bool = True) -> AccuracyBounds:
     """The model's `accuracy` bounds, each missing one taken from its precision's
     defaults (a lower-precision module without a float32 one: `WITHOUT_FLOAT32_BOUNDS`)."""
-    precision = model.quantize or model.dtype or "float32"  # weight-only models are bfloat16 too: the scheme's
+    precision = precision_of(model)
     default = DEFAULT_BOUNDS[precision] if with_float32 or precision not in WITHOUT_FLOAT32_BOUNDS else WITHOUT_FLOAT32_BOUNDS[precision]
     configured = model.accuracy
     return AccuracyBounds(**{field: default_value if (value := getattr(configured, field)) is None else value for field, default_value in vars(default).items()})
@@ -239,7 +245,6 @@ class Yardstick:
     float32: Run | None  # None for a float32 model, int8, or a module without a float32 one
     rounding: Rounding | None  # set exactly where the error ratio applies
     precision: str  # bfloat16, int4-weight-only..., for messages
-    weight_only_steps: bool  # a weight-only model with state: its token agreement is measured
 
 
 @dataclass(frozen=True)
@@ -256,10 +261,9 @@ class Rounding:
 def yardstick(model: ModelConfig, captured: Captured) -> Yardstick:
     """The yardstick of a capture (see Yardstick)."""
     names = [captured.call_name(index) for index in range(len(captured.calls))]
-    precision = model.quantize or model.dtype or "float32"
-    if captured.reference is None or precision not in WITHOUT_FLOAT32_BOUNDS:
+    if captured.reference is None or precision_of(model) not in WITHOUT_FLOAT32_BOUNDS:
         float32 = captured.reference_run if captured.reference is not None else None
-        return Yardstick(names, captured.state, captured.eager_run, float32, None, precision, model.weight_only and bool(captured.state))
+        return Yardstick(names, captured.state, captured.eager_run, float32, None, precision_of(model))
     return lower_precision_yardstick(model, names, captured.state, captured.eager_run, captured.precision_run, captured.reference_run)
 
 
@@ -270,8 +274,7 @@ def lower_precision_yardstick(model: ModelConfig, call_names: list[str], state_n
     dtype = torch.float16 if model.dtype == "float16" else torch.bfloat16
     outputs = [_over_calls([(call[i], reference[i]) for call, reference in zip(lower[0], float32[0])], dtype) for i in range(len(float32[0][0]))]
     state = [_over_calls([(mine, reference)], dtype) for mine, reference in zip(lower[1], float32[1])]
-    precision = str(model.quantize or model.dtype)
-    return Yardstick(call_names, state_names, eager, float32, Rounding(dtype, outputs, state), precision, model.weight_only and bool(state_names))
+    return Yardstick(call_names, state_names, eager, float32, Rounding(dtype, outputs, state), precision_of(model))
 
 
 def _over_calls(pairs: list[tuple[Any, Any]], dtype: torch.dtype | None = None) -> float | None:
@@ -319,7 +322,7 @@ def check_calls(model: ModelConfig, ruler: Yardstick, outputs: list[list[Any]], 
         record["precision"] = _check_error_ratio(model, ruler, outputs, state, form, bounds)
     if state is not None:
         _check_state(model, ruler, state, eager_state, form, bounds)
-    if ruler.weight_only_steps or (ruler.rounding is not None and model.accuracy.min_token_agreement is not None):
+    if (model.weight_only and ruler.state_names) or (ruler.rounding is not None and model.accuracy.min_token_agreement is not None):
         record["token_agreement"] = _check_token_agreement(model, ruler, outputs, bounds)
     return record
 
