@@ -177,6 +177,11 @@ def test_example_inputs_callable_with_dim_axes() -> None:
         ({"models": {"m": model(accuracy={"max-relative-error": 0})}}, f"{T}.models.m.accuracy.max-relative-error: expected a number > 0"),
         ({"models": {"m": model(accuracy={"max-relative-error": "1%"})}}, "found a string '1%'"),
         ({"models": {"m": model(accuracy={"min-cosin": 0.99})}}, f"{T}.models.m.accuracy.min-cosin: unknown key; did you mean `min-cosine`?"),
+        ({"models": {"m": model(accuracy={"max-error-ratio": 0})}}, f"{T}.models.m.accuracy.max-error-ratio: expected a number > 0: the compiled outputs' error against eager"),
+        (
+            {"models": {"m": model(accuracy={"max-error-ratio": 3})}},
+            f'{T}.models.m.accuracy.max-error-ratio: bounds a lower precision\'s error against its own rounding, so it needs `dtype = "bfloat16"`',
+        ),
         ({"models": {"m": model(accuracy=0.99)}}, f"{T}.models.m.accuracy: expected a table, found a float 0.99"),
         ({"models": {"m": {**model(), "example-inputs": "pkg:f"}}}, f"{T}.models.m.inputs: cannot be combined with `example-inputs`"),
         ({"models": {"m": {**model(inputs=None, dims={"b": {"max": 4}}), "example-inputs": "pkg:f"}}}, f"{T}.models.m.dims.b.axes: missing"),
