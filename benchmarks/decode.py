@@ -27,7 +27,7 @@ they share the machine's current load:
 - eager: import, build the module with the package's factory, which draws its
   seeded random weights (no checkpoint is read; bfloat16: `.to(torch.bfloat16)`),
   decode. The weight-only models: the bfloat16 module quantized as the build
-  quantizes it, by `hatch_precompile.worker.weight_only.quantize_weights` with the
+  quantizes it, by `hatch_precompile.worker.linears.quantize_weights` with the
   model's table from benchmarks/decoder/pyproject.toml (torchao computes the
   weights; the time to import it and to quantize is in the first token), so every
   case of a weight-only model runs the same quantized graph. hatch_precompile and
@@ -156,7 +156,7 @@ def eager_module():
     if spec["quantize"]:  # as the build does: its table, then torchao's weights in the same modules
         import tomllib
         from hatch_precompile.engine.config import parse_config
-        from hatch_precompile.worker.weight_only import quantize_weights
+        from hatch_precompile.worker.linears import quantize_weights
 
         with open(spec["project"], "rb") as file:
             table = tomllib.load(file)["tool"]["hatch"]["build"]["hooks"]["precompile"]

@@ -163,6 +163,7 @@ WHEEL_CASES = [
     Case("load_compiled lm_f32 (float32), torch-free wheel, no torch installed", "free", "lm_f32"),
     Case("load_compiled lm_bf16 (bfloat16)", "wheel", "lm_bf16"),
     Case("load_compiled lm_int8 (int8 weights)", "wheel", "lm_int8"),
+    Case("load_compiled lm_int8_dynamic (int8 weights and inputs, int8 products)", "wheel", "lm_int8_dynamic"),
     Case("load_compiled lm_int4 (int4 weights, groups of 32, output layer int8)*", "wheel", "lm_int4", flattered=True),
     Case("load_compiled lm_int4_g64 (int4 weights, groups of 64, output layer int8)", "wheel", "lm_int4_g64"),
 ]

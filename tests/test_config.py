@@ -266,7 +266,9 @@ def test_int8_quantization_parses_and_its_conflicts_are_named() -> None:
     assert config.models["m"].quantize == "int8" and config.models["m"].calibration == "mypkg.data:batches"
     assert parse_config({"models": {"m": model(quantize="int8")}}).models["m"].calibration is None
     path = f"{T}.models.m"
-    assert problems({"models": {"m": model(quantize="int4")}}) == [f"{path}.quantize: expected one of 'int8', 'int8-weight-only', 'int4-weight-only', found a string 'int4' (did you mean 'int8'?)"]
+    assert problems({"models": {"m": model(quantize="int4")}}) == [
+        f"{path}.quantize: expected one of 'int8', 'int8-weight-only', 'int4-weight-only', 'int8-dynamic', found a string 'int4' (did you mean 'int8'?)"
+    ]
     assert problems({"models": {"m": model(calibration="mypkg.data:batches")}}) == [f'{path}.calibration: sets the int8 activation scales, so it needs `quantize = "int8"`; add that or remove it']
     assert problems({"models": {"m": model(quantize="int8", calibration="batches")}}) == [f"{path}.calibration: expected 'module:callable', found 'batches'"]
     assert problems({"models": {"m": model(quantize="int8", dtype="bfloat16")}}) == [f"{path}.dtype: is 'bfloat16', but `quantize = \"int8\"` quantizes the float32 module; remove one of the two"]
@@ -277,14 +279,21 @@ def test_weight_only_quantization_parses_and_its_conflicts_are_named() -> None:
     """The weight-only schemes need bfloat16 activations (the reason is said),
     the shipped weights, and no calibration; group-size goes with int4 alone."""
     int4 = parse_config({"models": {"m": model(quantize="int4-weight-only", dtype="bfloat16", **{"group-size": 32})}}).models["m"]
-    assert int4.weight_only and int4.group_size == 32
+    assert int4.quantizes_linears and int4.group_size == 32
     int8 = parse_config({"models": {"m": model(quantize="int8-weight-only", dtype="bfloat16", accuracy={"min-token-agreement": 0.95})}}).models["m"]
-    assert int8.weight_only and int8.group_size is None and int8.accuracy.min_token_agreement == 0.95
+    assert int8.quantizes_linears and int8.group_size is None and int8.accuracy.min_token_agreement == 0.95
     path = f"{T}.models.m"
     (float32,) = problems({"models": {"m": model(quantize="int8-weight-only")}})
     assert float32.startswith(f"{path}.dtype: is unset (float32), but `quantize = 'int8-weight-only'` needs `dtype = \"bfloat16\"`")
     assert "the CPU kernels for 8- and 4-bit weights are fast only with bfloat16 activations" in float32
     assert "1.3-2.9x slower than plain float32" in float32
+    dynamic = parse_config({"models": {"m": model(quantize="int8-dynamic", dtype="bfloat16")}}).models["m"]
+    assert dynamic.quantizes_linears and dynamic.group_size is None
+    (float32,) = problems({"models": {"m": model(quantize="int8-dynamic", dtype="float32")}})
+    assert float32 == (
+        f"{path}.dtype: is float32, but `quantize = 'int8-dynamic'` needs `dtype = \"bfloat16\"`: the layers between its int8 products "
+        "run in bfloat16, and its accuracy is held to bfloat16's own rounding (docs/configuration.md#int8-dynamic)"
+    )
     assert problems({"models": {"m": model(quantize="int8-weight-only", dtype="bfloat16", **{"group-size": 32})}}) == [
         f'{path}.group-size: is the int4 weights\' group size, so it needs `quantize = "int4-weight-only"`; add that or remove it'
     ]

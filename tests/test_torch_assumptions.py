@@ -767,19 +767,19 @@ def test_a_cache_update_compiles_in_place_with_no_copy_of_the_cache() -> None:
         torch.testing.assert_close(tensor, dict(eager.named_buffers())[name])
 
 
-# -- torch_internals.low_bit: the kernels behind weight-only int8 and int4 --
+# -- torch_internals.low_bit: the kernels behind weight-only int8 and int4, and int8-dynamic --
 
 
 @pytest.mark.parametrize("scheme", ["int8", "int4-32", "int4-64", "int4-128"])
 def test_the_weight_only_layers_compute_what_torchaos_own_linear_does(scheme: str) -> None:
-    """worker/weight_only.py reads torchao's tensor data (qdata, scale,
+    """worker/linears.py reads torchao's tensor data (qdata, scale,
     scale_and_zero) and calls torch's kernel itself: the same numbers as
     F.linear on torchao's tensor."""
     from torchao.prototype.quantization.int4.int4_opaque_tensor import Int4OpaqueTensor
     from torchao.quantization.granularity import PerRow
     from torchao.quantization.quantize_.workflows.int8.int8_tensor import Int8Tensor
 
-    from hatch_precompile.worker.weight_only import Int4WeightOnlyLinear, Int8WeightOnlyLinear
+    from hatch_precompile.worker.linears import Int4WeightOnlyLinear, Int8WeightOnlyLinear
 
     generator = torch.Generator().manual_seed(0)
     weight = torch.randn(384, 256, generator=generator).to(torch.bfloat16)
@@ -800,16 +800,51 @@ def test_the_weight_only_layers_compute_what_torchaos_own_linear_does(scheme: st
     torch.testing.assert_close(ours, torchaos, **tolerance)
 
 
-@pytest.mark.parametrize(("scheme", "kernel"), [("int8", "torch.ops.aten._weight_int8pack_mm"), ("int4", "torch.ops.quantized.int4mm_packed_weight_cpu")])
+def test_int_mm_multiplies_int8_exactly_on_any_shape() -> None:
+    """int8-dynamic's product (torch_internals.int8_matmul, torch._int_mm): exact
+    int32 sums, the weight passed as the transpose of its (out, in) rows, on shapes
+    no multiple of any vector width and a row of 1 (a decode step)."""
+    generator = torch.Generator().manual_seed(0)
+    for rows, inputs, outputs in [(1, 576, 192), (3, 17, 5), (1, 8, 1), (40, 96, 33)]:
+        x = torch.randint(-127, 128, (rows, inputs), dtype=torch.int8, generator=generator)
+        weight = torch.randint(-127, 128, (outputs, inputs), dtype=torch.int8, generator=generator)
+        product = torch_internals.int8_matmul(x, weight.t())
+        assert product.dtype == torch.int32 and torch.equal(product, x.int() @ weight.int().t()), (rows, inputs, outputs)
+
+
+def test_the_int8_dynamic_layer_is_its_rounding_written_out() -> None:
+    """Int8DynamicLinear computes, up to float32 summation order, each row rounded
+    to int8 at its own scale (after unsmoothing) times the int8 weight and its scales."""
+    from hatch_precompile.worker.linears import Int8DynamicLinear
+
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randint(-127, 128, (48, 40), dtype=torch.int8, generator=generator)
+    scales, unsmoothing = torch.rand(48, generator=generator) / 100, torch.rand(40, generator=generator) + 0.5
+    bias = torch.randn(48, generator=generator).to(torch.bfloat16)
+    x = (torch.randn(2, 3, 40, generator=generator) * 4).to(torch.bfloat16)
+    rows = x.reshape(6, 40).float() * unsmoothing
+    step = rows.abs().amax(1, keepdim=True) / 127
+    expected = ((torch.round(rows / step) @ weight.float().t()) * step * scales).to(torch.bfloat16).reshape(2, 3, 48) + bias
+    with torch.no_grad():
+        got = Int8DynamicLinear(weight, scales, unsmoothing, bias)(x)
+    torch.testing.assert_close(got, expected, rtol=0.01, atol=0.01)
+
+
+@pytest.mark.parametrize(
+    ("scheme", "kernel"),
+    [("int8", "torch.ops.aten._weight_int8pack_mm"), ("int4", "torch.ops.quantized.int4mm_packed_weight_cpu"), ("int8-dynamic", "extern_kernels._int_mm")],
+)
 def test_a_weight_only_layer_compiles_to_its_kernel_with_no_constant(scheme: str, kernel: str) -> None:
     """The compiled graph calls the kernel with the weights as inputs and freezes
     no constant (inductor's lowering of aten._weight_int4pack_mm_for_cpu would:
     the group size), so its output module runs alone, in the lean form."""
-    from hatch_precompile.worker.weight_only import Int4WeightOnlyLinear, Int8WeightOnlyLinear
+    from hatch_precompile.worker.linears import Int4WeightOnlyLinear, Int8DynamicLinear, Int8WeightOnlyLinear
 
     generator = torch.Generator().manual_seed(0)
-    if scheme == "int8":
-        layer: nn.Module = Int8WeightOnlyLinear(torch.randint(-127, 127, (64, 32), dtype=torch.int8, generator=generator), torch.rand(64).to(torch.bfloat16), None)
+    if scheme == "int8-dynamic":
+        layer: nn.Module = Int8DynamicLinear(torch.randint(-127, 127, (64, 32), dtype=torch.int8, generator=generator), torch.rand(64) / 100, torch.rand(32) + 0.5, None)
+    elif scheme == "int8":
+        layer = Int8WeightOnlyLinear(torch.randint(-127, 127, (64, 32), dtype=torch.int8, generator=generator), torch.rand(64).to(torch.bfloat16), None)
     else:
         weight = torch.randint(0, 16, (64, 32), dtype=torch.int32, generator=generator)
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(weight, 1)

@@ -220,7 +220,8 @@ def _precision_text(model: dict[str, Any]) -> str:
         return str(precision)
     group = f" (group size {model['group_size']})" if model["group_size"] else ""
     left = f", {len(model['left_in_bfloat16'])} left in bfloat16" if model["left_in_bfloat16"] else ""
-    return f"{precision.split('-')[0]} weights{group}, bfloat16 activations; {len(model['quantized_layers'])} linear layers quantized{left}"
+    inputs = "their inputs rounded to int8 at each call, bfloat16 between them" if precision == "int8-dynamic" else "bfloat16 activations"
+    return f"{precision.split('-')[0]} weights{group}, {inputs}; {len(model['quantized_layers'])} linear layers quantized{left}"
 
 
 def _wheel_summary(wheel: Wheel, manifest: Manifest) -> dict[str, Any]:

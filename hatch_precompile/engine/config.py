@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from ..runtime._manifest import CONFIG_TABLE
 from .errors import BuildFailure
-from .model_config import BOOLEAN, IMPORT_PATH, INT4_GROUP_SIZES, WEIGHT_ONLY, AccuracyBounds, Dim, KeyDoc, ModelConfig, TensorInput, choices, model_settings, reference_type
+from .model_config import BOOLEAN, IMPORT_PATH, INT4_GROUP_SIZES, LINEAR_QUANTIZATIONS, AccuracyBounds, Dim, KeyDoc, ModelConfig, TensorInput, choices, model_settings, reference_type
 from .options import flatten as flatten_options
 from .options import option_problems
 from .remote import url_problem
@@ -297,13 +297,17 @@ def _check_quantize(check: _Checker, raw: dict[str, Any], path: str, values: dic
             check.fail(f"{path}.group-size", f"expected one of {', '.join(map(str, INT4_GROUP_SIZES))} (the CPU kernel's group sizes), found {_describe(raw['group-size'])}")
         else:
             values["group_size"] = raw["group-size"]
-    if quantize in WEIGHT_ONLY:
+    if quantize in LINEAR_QUANTIZATIONS:
         if values.get("dtype") != "bfloat16":
             check.fail(
                 f"{path}.dtype",
-                f'is {values.get("dtype") or "unset (float32)"}, but `quantize = {quantize!r}` needs `dtype = "bfloat16"`: the CPU kernels '
-                "for 8- and 4-bit weights are fast only with bfloat16 activations; with float32 ones the graph dequantizes every "
-                "weight and runs a float32 matrix product, 1.3-2.9x slower than plain float32 (docs/configuration.md#weight-only-int8-and-int4)",
+                f'is {values.get("dtype") or "unset (float32)"}, but `quantize = {quantize!r}` needs `dtype = "bfloat16"`: '
+                + (
+                    "the layers between its int8 products run in bfloat16, and its accuracy is held to bfloat16's own rounding (docs/configuration.md#int8-dynamic)"
+                    if quantize == "int8-dynamic"
+                    else "the CPU kernels for 8- and 4-bit weights are fast only with bfloat16 activations; with float32 ones the graph dequantizes "
+                    "every weight and runs a float32 matrix product, 1.3-2.9x slower than plain float32 (docs/configuration.md#weight-only-int8-and-int4)"
+                ),
             )
         if values.get("weights") == "factory":
             check.fail(f"{path}.weights", 'is "factory", but the factory gives float weights and the graph takes the quantized ones the build made; ship them: `weights = "embed"`')

@@ -26,8 +26,10 @@ from .targets import DEFAULT_CPU_TARGETS
 Fallback = Literal["eager", "error"]
 Weights = Literal["embed", "factory"]
 ModuleDtype = Literal["float32", "bfloat16", "float16"]
-Quantization = Literal["int8", "int8-weight-only", "int4-weight-only"]
-WEIGHT_ONLY = ("int8-weight-only", "int4-weight-only")  # quantized weights, bfloat16 activations (worker/weight_only.py)
+Quantization = Literal["int8", "int8-weight-only", "int4-weight-only", "int8-dynamic"]
+# The linear layers replaced, on the bfloat16 module before capture, by ones with
+# 8- or 4-bit weights (worker/linears.py); int8-dynamic also rounds their inputs to int8.
+LINEAR_QUANTIZATIONS = ("int8-weight-only", "int4-weight-only", "int8-dynamic")
 INT4_GROUP_SIZES = (32, 64, 128)
 DEFAULT_INT4_GROUP_SIZE = 32  # llama.cpp Q4_0's; divides the widths of small LLMs (576, 768, 960) where 128 does not
 OutputForm = Literal["classes", "plain"]  # runtime.OUTPUT_FORMS, which the loader checks (a test keeps them equal)
@@ -249,7 +251,10 @@ class ModelConfig:
             "(none)",
             "`int8`: quantize the float32 module's weights and activations (PT2E, torchao's X86InductorQuantizer; see [int8](#int8)); "
             '`int8-weight-only`, `int4-weight-only`: store the linear layers\' weights in 8 or 4 bits, with `dtype = "bfloat16"` '
-            "activations, for decoders (see [Weight-only int8 and int4](#weight-only-int8-and-int4)); each needs torchao in the build environment",
+            "activations, for decoders (see [Weight-only int8 and int4](#weight-only-int8-and-int4)); "
+            "`int8-dynamic`: int8 weights and each call's inputs to the linear layers rounded to int8, multiplied in int8 (VNNI), "
+            'with `dtype = "bfloat16"` between them: the fastest int8 for decoders (see [int8-dynamic](#int8-dynamic)); '
+            "each needs torchao in the build environment",
             compiled=True,
             keyed=True,
         ),
@@ -326,10 +331,10 @@ class ModelConfig:
         return cls(name=data["name"], **{name: s.from_plain(data[name]) for name, s in model_settings(cls).items()})
 
     @property
-    def weight_only(self) -> bool:
-        """Whether only the linear layers' weights are quantized (int8 or int4), the
-        activations bfloat16; `quantize = "int8"` quantizes both."""
-        return self.quantize in WEIGHT_ONLY
+    def quantizes_linears(self) -> bool:
+        """Whether the linear layers alone are quantized, on the bfloat16 module
+        (`quantize = "int8"` quantizes the whole float32 graph with PT2E)."""
+        return self.quantize in LINEAR_QUANTIZATIONS
 
     def shape_variants(self) -> list[dict[str, int]]:
         """One entry per artifact shape (per CPU target): see `shape_variants`."""

@@ -82,11 +82,11 @@ class AccuracyRecord(TypedDict):
     calls: NotRequired[list[list[OutputAccuracy]]]  # a lower precision: each call after the first, against float32
     precision: NotRequired[PrecisionRecord]  # a lower precision: its error against eager over its own rounding
     token_agreement: NotRequired[TokenAgreement]
-    vnni: NotRequired[bool]  # int8: whether the CPU it was checked on had VNNI (`_manifest.VNNI`), where int8 products do not saturate
+    vnni: NotRequired[bool]  # int8, int8-dynamic: whether the CPU it was checked on had VNNI (`_manifest.VNNI`), where int8 products do not saturate
 
 
 class TokenAgreement(TypedDict):
-    """A weight-only decoder's most likely token at each position of the build's
+    """A decoder's (quantized linear layers) most likely token at each position of the build's
     calls (the first output's argmax over its last axis), against float32's."""
 
     agreed: int
@@ -277,13 +277,14 @@ class SourceModel(TypedDict):
 
 
 class QuantizationRecord(TypedDict):
-    """A weight-only model's quantized layers (`worker/weight_only.py`)."""
+    """A model's quantized linear layers (`worker/linears.py`)."""
 
-    scheme: str  # "int8-weight-only" or "int4-weight-only"
+    scheme: str  # "int8-weight-only", "int4-weight-only" or "int8-dynamic"
     layers: list[str]  # the linear layers whose weights are stored quantized
     left: dict[str, str]  # linear layers left in bfloat16: name -> why
     group_size: NotRequired[int]  # int4: weights per scale and zero point
     int8: NotRequired[dict[str, str]]  # int4: layers stored in int8 instead: name -> why (the output layer)
+    smoothed_on: NotRequired[int]  # int8-dynamic: the calls its inputs' smoothing was measured on
 
 
 class ModelEntry(SourceModel):
@@ -291,7 +292,7 @@ class ModelEntry(SourceModel):
 
     outputs_form: str  # "classes" or "plain"
     quantize: str | None  # "int8": the graphs take no weights (they are frozen in); `weights` is for the eager fallback
-    quantization: NotRequired[QuantizationRecord]  # the weight-only schemes
+    quantization: NotRequired[QuantizationRecord]  # the schemes that quantize linear layers
     state: list[str]  # the buffers the graphs update in place (a KV cache), among `weights`: each handle has its own
     inputs: CallInputs
     outputs: CallOutputs

@@ -24,8 +24,8 @@ default (`DEFAULT_BOUNDS`):
   trained model's weight matrix scaled by 1.001 2e-4 (docs/studies/float32_bounds).
   The defaults sit 20x above correct code; a fault that moves the outputs by less
   than 1e-4 of their magnitude passes.
-- bfloat16 and float16 (`dtype`), and int8 and int4 weights with bfloat16
-  activations (`quantize = "int8-weight-only"`, `"int4-weight-only"`), are held to
+- bfloat16 and float16 (`dtype`), and the quantized linear layers of a bfloat16
+  module (`quantize = "int8-weight-only"`, `"int4-weight-only"`, `"int8-dynamic"`), are held to
   their own precision: over every call of the build's check (a model with state,
   each from the state the previous ones left), the compiled outputs' relative
   error against eager running the same module, over how far eager in the
@@ -64,7 +64,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..engine.errors import ModelBuildError
-from ..engine.model_config import WEIGHT_ONLY, AccuracyBounds, ModelConfig
+from ..engine.model_config import LINEAR_QUANTIZATIONS, AccuracyBounds, ModelConfig
 from ..runtime._schema import AccuracyRecord, OutputAccuracy, PrecisionRecord, RoundingRatio, TokenAgreement
 
 if TYPE_CHECKING:
@@ -79,7 +79,7 @@ if TYPE_CHECKING:
 DEFAULT_BOUNDS = {
     "float32": AccuracyBounds(max_relative_error=1e-4, min_cosine=None, max_element_error=1e-4),
     "int8": AccuracyBounds(max_relative_error=0.2, min_cosine=0.98),
-    **{precision: AccuracyBounds(max_error_ratio=3.0) for precision in ("bfloat16", "float16", *WEIGHT_ONLY)},
+    **{precision: AccuracyBounds(max_error_ratio=3.0) for precision in ("bfloat16", "float16", *LINEAR_QUANTIZATIONS)},
 }
 # A lower-precision module with no float32 one against its own eager run: about 4x
 # what correct code measured on 6-layer BERT and 4-layer Llama with random weights
@@ -89,6 +89,7 @@ WITHOUT_FLOAT32_BOUNDS = {
     "bfloat16": AccuracyBounds(max_relative_error=0.04, min_cosine=0.999),
     "float16": AccuracyBounds(max_relative_error=0.01, min_cosine=0.9999),
     "int8-weight-only": AccuracyBounds(max_relative_error=0.3, min_cosine=0.98),
+    "int8-dynamic": AccuracyBounds(max_relative_error=0.3, min_cosine=0.98),
     "int4-weight-only": AccuracyBounds(max_relative_error=0.8, min_cosine=0.6),
 }
 # The smallest rounding a lower precision is measured by: its unit roundoff, for an
@@ -105,16 +106,17 @@ EXAMPLE_INPUTS_BESIDE_CALIBRATION = "on the example inputs (held to the sanity b
 
 # Each bound's field, its TOML key and the figure it bounds.
 BOUNDS = (("max_relative_error", "max-relative-error", "relative_error"), ("min_cosine", "min-cosine", "cosine"), ("max_element_error", "max-element-error", "element_error"))
-# What to try when a weight-only model misses a bound, by scheme.
-WEIGHT_ONLY_ADVICE = {
+# What to try when a model with quantized linear layers misses a bound, by scheme.
+LINEARS_ADVICE = {
     "int8-weight-only": 'or build it with dtype = "bfloat16" alone',
+    "int8-dynamic": 'or quantize = "int8-weight-only", which keeps the layers\' inputs in bfloat16',
     "int4-weight-only": 'or try a smaller `group-size` (32, the default, is closest to bfloat16), or quantize = "int8-weight-only"',
 }
 
 
 def precision_of(model: ModelConfig) -> str:
-    """The precision whose bounds the model takes: weight-only models are bfloat16
-    too, and take the scheme's."""
+    """The precision whose bounds the model takes: a model with quantized linear
+    layers is bfloat16 too, and takes the scheme's."""
     return model.quantize or model.dtype or "float32"
 
 
@@ -205,7 +207,7 @@ def _advice(model: ModelConfig, measured: dict[str, float], bounds: AccuracyBoun
         advice = f"If this precision is acceptable for the model, loosen `accuracy` in {table}; otherwise build it in float32"
         if model.quantize == "int8" and model.calibration is None:
             advice += ", or calibrate it on batches like its real inputs (`calibration`)"
-        return advice + (f", {WEIGHT_ONLY_ADVICE[str(model.quantize)]}" if model.weight_only else "")
+        return advice + (f", {LINEARS_ADVICE[str(model.quantize)]}" if model.quantizes_linears else "")
     return (
         f"Correct float32 code differs from eager by reassociated sums alone, about 1e-6 of the output even 30 layers deep: "
         f"a figure far past its bound points to a wrong kernel, weights or state. If you have checked the compiled model "
@@ -251,7 +253,10 @@ class Yardstick:
 class Rounding:
     """The lower precision's own error: eager in the activations' dtype (before any
     weight quantization) against float32 eager, over every call, per floating
-    output and per state buffer (None for an integer one)."""
+    output and per state buffer (None for an integer one). int8-dynamic rounds its
+    layers' inputs at each call, so a bfloat16 difference before a rounding can
+    move its result by a whole int8 step: its own error is eager against the same
+    quantized layers with float32 between them."""
 
     dtype: torch.dtype
     outputs: list[float | None]
@@ -264,16 +269,21 @@ def yardstick(model: ModelConfig, captured: Captured) -> Yardstick:
     if captured.reference is None or precision_of(model) not in WITHOUT_FLOAT32_BOUNDS:
         float32 = captured.reference_run if captured.reference is not None else None
         return Yardstick(names, captured.state, captured.eager_run, float32, None, precision_of(model))
+    if captured.float32_quantized is not None:
+        return lower_precision_yardstick(model, names, captured.state, captured.eager_run, captured.eager_run, captured.reference_run, captured.float32_quantized_run)
     return lower_precision_yardstick(model, names, captured.state, captured.eager_run, captured.precision_run, captured.reference_run)
 
 
-def lower_precision_yardstick(model: ModelConfig, call_names: list[str], state_names: list[str], eager: Run, lower: Run, float32: Run) -> Yardstick:
+def lower_precision_yardstick(model: ModelConfig, call_names: list[str], state_names: list[str], eager: Run, lower: Run, float32: Run, rounding_reference: Run | None = None) -> Yardstick:
     """A lower-precision model's yardstick from torch's runs of the module it
     compiles (`eager`), of that module before its weights were quantized (`lower`,
-    `eager` where they were not) and of the float32 module, on the same calls."""
+    `eager` where they were not) and of the float32 module, on the same calls; the
+    precision's rounding is `lower` against `rounding_reference` (int8-dynamic: the
+    float32 module with the same quantized layers), or against `float32`."""
     dtype = torch.float16 if model.dtype == "float16" else torch.bfloat16
-    outputs = [_over_calls([(call[i], reference[i]) for call, reference in zip(lower[0], float32[0])], dtype) for i in range(len(float32[0][0]))]
-    state = [_over_calls([(mine, reference)], dtype) for mine, reference in zip(lower[1], float32[1])]
+    against = float32 if rounding_reference is None else rounding_reference
+    outputs = [_over_calls([(call[i], reference[i]) for call, reference in zip(lower[0], against[0])], dtype) for i in range(len(float32[0][0]))]
+    state = [_over_calls([(mine, reference)], dtype) for mine, reference in zip(lower[1], against[1])]
     return Yardstick(call_names, state_names, eager, float32, Rounding(dtype, outputs, state), precision_of(model))
 
 
@@ -322,7 +332,7 @@ def check_calls(model: ModelConfig, ruler: Yardstick, outputs: list[list[Any]], 
         record["precision"] = _check_error_ratio(model, ruler, outputs, state, form, bounds)
     if state is not None:
         _check_state(model, ruler, state, eager_state, form, bounds)
-    if (model.weight_only and ruler.state_names) or (ruler.rounding is not None and model.accuracy.min_token_agreement is not None):
+    if (model.quantizes_linears and ruler.state_names) or (ruler.rounding is not None and model.accuracy.min_token_agreement is not None):
         record["token_agreement"] = _check_token_agreement(model, ruler, outputs, bounds)
     return record
 
@@ -351,13 +361,15 @@ def _ratio(model: ModelConfig, ruler: Yardstick, drift: float, rounding: float, 
     bound = bounds.max_error_ratio
     if bound is not None and not ratio <= bound:
         activations = str(ruler.rounding.dtype).removeprefix("torch.")
-        same = f"eager {ruler.precision}" + (f" (the same quantized weights, {activations} activations)" if model.weight_only else "")
+        same = f"eager {ruler.precision}" + (f" (the same quantized weights, {activations} activations)" if model.quantizes_linears else "")
+        dynamic = model.quantize == "int8-dynamic"
+        from_what = "the same int8 layers with float32 between them" if dynamic else "float32"
         calls = f"the build's {len(ruler.call_names)} calls" if len(ruler.call_names) > 1 else "the example inputs"
         raise ModelBuildError(
             model.name,
             "checking accuracy",
             f"{what}{form} over {calls} differs from {same} by a relative error of {drift:.3g}, {ratio:.3g}x what {activations} "
-            f"rounding alone moves eager from float32 ({rounding:.3g}) > max-error-ratio {bound}. Correct compiled code differs from eager "
+            f"rounding alone moves eager from {from_what} ({rounding:.3g}) > max-error-ratio {bound}. Correct compiled code differs from eager "
             f"by how it rounds, about as much as eager differs from float32; a ratio this far past it points to a wrong kernel, wrong "
             f"weights or scales, or a layer left out. If you have checked the compiled model on real inputs, set "
             f"`accuracy = {{ max-error-ratio = {math.ceil(2 * ratio)} }}` in [tool.hatch.build.hooks.precompile.models.{model.name}]",

@@ -47,6 +47,7 @@ class Captured:
     input_leaves: list[InputLeaf]
     reference: torch.nn.Module | None = None  # the float32 module a lower-precision one was converted from
     unquantized: torch.nn.Module | None = None  # a weight-only model's bfloat16 module before its weights were quantized
+    float32_quantized: torch.nn.Module | None = None  # int8-dynamic: the float32 module with the same quantized layers
     # `quantize` models only: the export before inductor's decompositions, which
     # PT2E quantizes (its quantizer annotates aten.linear and convolutions, which they rewrite)
     undecomposed: torch.export.ExportedProgram | None = None
@@ -109,12 +110,20 @@ class Captured:
         computation from float32 (worker/accuracy.py)."""
         return self.eager_run if self.unquantized is None else self._run(self.unquantized)
 
+    @functools.cached_property
+    def float32_quantized_run(self) -> Run:
+        """The float32 module with the model's own int8-dynamic layers, on the calls'
+        floating inputs as float32, from its own state: what bfloat16 between the
+        int8 products moves eager from (worker/accuracy.py)."""
+        assert self.float32_quantized is not None
+        return self._run(self.float32_quantized)
+
     def _run(self, module: torch.nn.Module) -> Run:
         """`module` on every call, the float32 module on the calls' floating inputs as
         float32 and from its own state (in its dtype), the others from the initial state."""
         from .accuracy import reference_inputs
 
-        float32 = module is self.reference
+        float32 = module is self.reference or module is self.float32_quantized
         if self.state:
             module = copy.deepcopy(module)  # the module's own state stays as it was
             buffers = dict(module.named_buffers())
@@ -183,12 +192,19 @@ def _call_factory(model: ModelConfig, factory: Any, kwargs: dict[str, Any]) -> t
     return module.eval()
 
 
-def capture(model: ModelConfig, module: torch.nn.Module, fixed: dict[str, int], reference: torch.nn.Module | None = None, unquantized: torch.nn.Module | None = None) -> Captured:
+def capture(
+    model: ModelConfig,
+    module: torch.nn.Module,
+    fixed: dict[str, int],
+    reference: torch.nn.Module | None = None,
+    unquantized: torch.nn.Module | None = None,
+    float32_quantized: torch.nn.Module | None = None,
+) -> Captured:
     """Export the model so that exactly the declared dims not in `fixed` are dynamic;
     those in `fixed` are static at the given size. A model torch cannot capture
     stops the build with the reason in the configuration's terms."""
     try:
-        captured = dataclasses.replace(_export(model, module, fixed), reference=reference, unquantized=unquantized)
+        captured = dataclasses.replace(_export(model, module, fixed), reference=reference, unquantized=unquantized, float32_quantized=float32_quantized)
     except _ExportFailed as failed:
         if failed.step == "decomposition":
             raise ModelBuildError(model.name, "decomposing the captured graph", _decomposition_failure(failed)) from None
@@ -201,14 +217,26 @@ def capture(model: ModelConfig, module: torch.nn.Module, fixed: dict[str, int], 
         return dataclasses.replace(captured, steps=calls, step_sizes=sizes)
     buffers = dict(module.named_buffers())
     initial = {name: buffers[name].detach().clone() for name in state}
-    return dataclasses.replace(captured, state=state, initial_state=initial, steps=_example_steps(model, captured))
+    return dataclasses.replace(captured, state=state, initial_state=initial, steps=_example_steps(model, (captured.args, captured.kwargs)))
 
 
-def _example_steps(model: ModelConfig, captured: Captured) -> list[Call]:
-    """The calls after the example inputs that a model with state is checked on:
-    `example-steps`' calls, else the example inputs twice more."""
+def example_calls(model: ModelConfig) -> list[Call]:
+    """The example inputs (at the first shape variant's sizes where made from
+    shapes), then `example-steps`' calls where the model has them: real inputs to
+    measure a module on before it is captured (worker/linears.py)."""
+    if model.example_inputs:
+        first = _example_inputs_from_callable(model.name, model.example_inputs)
+    else:
+        args, kwargs, _ = _example_inputs_from_shapes(model, model.shape_variants()[0])
+        first = (args, kwargs)
+    return [first, *(_example_steps(model, first) if model.example_steps is not None else [])]
+
+
+def _example_steps(model: ModelConfig, first: Call) -> list[Call]:
+    """The calls after the example inputs (`first`) that a model with state is
+    checked on: `example-steps`' calls, else the example inputs twice more."""
     if model.example_steps is None:
-        return [(captured.args, captured.kwargs)] * 2
+        return [first] * 2
     key = "example-steps"
     make = import_callable(model.name, key, model.example_steps)
     try:

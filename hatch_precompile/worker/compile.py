@@ -159,7 +159,7 @@ def produce_artifact(
     entry["accuracy"] = check_calls(model, ruler, [outputs, *steps], state, first=SANITY_BOUNDS if batches else None)
     if batches:
         entry["accuracy"]["batches"] = batches
-    if model.quantize == "int8":  # explain() says so where it runs without VNNI and this check had it
+    if model.quantize in ("int8", "int8-dynamic"):  # explain() says so where it runs without VNNI and this check had it
         entry["accuracy"]["vnni"] = bool(VNNI & cpu_features())
     if not any(LOADED_FORMS[form.NAME].shipped(entry) for form in FORMS):
         return ProducedArtifact(entry, key, origin, True, None, form_times)  # the artifact form alone: nothing more to check

@@ -60,7 +60,7 @@ class _Compiled:
     op_libraries: dict[str, str]  # custom op -> the module defining it, imported before running the graph
     produced: list[ProducedArtifact]
     seconds: float
-    quantization: QuantizationRecord | None  # a weight-only model's quantized layers
+    quantization: QuantizationRecord | None  # a model's quantized linear layers
 
 
 def run(requests: list[WorkerRequest]) -> None:
@@ -100,33 +100,37 @@ def _produce_variants(request: WorkerRequest) -> _Compiled:
     from ..engine.errors import ModelBuildError
     from . import torch_internals
     from .accuracy import summary as accuracy_summary
-    from .capture import build_module, capture
+    from .capture import build_module, capture, example_calls
     from .compile import cpu_targets, produce_artifact
+    from .linears import quantize_weights, with_float32_between
     from .quantize import quantize
-    from .weight_only import quantize_weights
     from .weights import lifted_weights, save_weights
 
     model, out_dir, started = request.model, request.out_dir, time.perf_counter()
     torch_internals.start_model()
     with _step(model.name, "built the module"):
         module, reference = build_module(model)
-    quantization = unquantized = None
-    if model.weight_only:
-        if reference is not None:  # its bfloat16 rounding is the yardstick of the compiled model's (worker/accuracy.py)
+    quantization = unquantized = float32_quantized = None
+    dynamic = model.quantize == "int8-dynamic"
+    if model.quantizes_linears:
+        if reference is not None and not dynamic:  # its bfloat16 rounding is the yardstick of the compiled model's (worker/accuracy.py)
             unquantized = copy.deepcopy(module)
         with _step(model.name, f"quantized its linear layers' weights with torchao ({model.quantize})"):
-            quantization = quantize_weights(model, module)
+            quantization = quantize_weights(model, module, example_calls(model) if dynamic else ())
+        if reference is not None and dynamic:
+            float32_quantized = with_float32_between(module, reference)
         left = f"; left in bfloat16: {quantization['left']}" if quantization["left"] else ""
         int8 = quantization.get("int8", {})
         kept = f" ({', '.join(int8)} in int8: {next(iter(int8.values()))})" if int8 else ""
-        _report(model.name, f"{len(quantization['layers'])} linear layers hold {quantization['scheme'].split('-')[0]} weights{kept}{left}")
+        smoothed = f", their inputs smoothed as measured on {quantization['smoothed_on']} example call(s) and rounded to int8 at each call" if "smoothed_on" in quantization else ""
+        _report(model.name, f"{len(quantization['layers'])} linear layers hold {quantization['scheme'].split('-')[0]} weights{smoothed}{kept}{left}")
     produced: list[ProducedArtifact] = []
     first: tuple[Captured, WeightsEntry] | None = None
     op_libraries: dict[str, str] = {}
     for fixed in model.shape_variants():
         shape = ", ".join(f"{dim}={size}" for dim, size in fixed.items()) or "dynamic dims"
         with _step(model.name, f"captured with torch.export ({shape})"):
-            captured = capture(model, module, fixed, reference, unquantized)
+            captured = capture(model, module, fixed, reference, unquantized, float32_quantized)
         if captured.strict_because:
             _report(model.name, f"captured strictly (torch.export's strict=True, through dynamo): {captured.strict_because}")
         if captured.state:

@@ -25,7 +25,7 @@ import torch
 from hatch_precompile.engine.errors import ModelBuildError
 from hatch_precompile.engine.model_config import ModelConfig
 from hatch_precompile.worker.accuracy import check_calls, figures, lower_precision_yardstick
-from hatch_precompile.worker.weight_only import quantize_weights
+from hatch_precompile.worker.linears import quantize_weights
 
 MODEL_PY = Path(__file__).resolve().parents[3] / "benchmarks" / "real_decoder" / "src" / "smollm_bench" / "model.py"
 _spec = importlib.util.spec_from_file_location("smollm_model", MODEL_PY)

@@ -23,7 +23,7 @@ from .export import LAZY_DECOMPOSITION_MODULES, DimFix, attention_as_float32_mat
 from .frozen import FrozenGraph, compile_frozen, is_onednn_packed, pre_grad_pass_kept
 from .inductor import compile_exported, extern_kernel_is_torch_function, output_module, save_artifact, start_model, torch_key, wrapper_work
 from .kernels import STABLE_ABI_PRELUDE, TORCH_PATH_MAP, captured_kernels, compiler_outputs_in, precompiled_headers_in, probe_vector_isas_in, pybinding_kernel_key, vector_isa
-from .low_bit import int4_weight_matmul, int8_weight_matmul
+from .low_bit import int4_weight_matmul, int8_matmul, int8_weight_matmul
 
 __all__ = [
     "LAZY_DECOMPOSITION_MODULES",
@@ -44,6 +44,7 @@ __all__ = [
     "decompose",
     "extern_kernel_is_torch_function",
     "int4_weight_matmul",
+    "int8_matmul",
     "int8_weight_matmul",
     "is_onednn_packed",
     "output_module",

@@ -1,7 +1,11 @@
-"""The CPU kernels for 8- and 4-bit weights that `worker/weight_only.py` calls.
+"""The CPU kernels for 8- and 4-bit weights that `worker/linears.py` calls.
 
 Relies on, in torch 2.13-2.15 (checked by tests/test_torch_assumptions.py):
 
+- `torch._int_mm(a, b)`: a (m, k) int8, b (k, n) int8 -> (m, n) int32, exact; on
+  CPU oneDNN's s8s8 product (VNNI where the CPU has it), fastest with b the
+  transpose of an (n, k) row-major weight. Inductor calls it as an extern kernel
+  (`aoti_torch_cpu__int_mm_out` in the C++ form).
 - `aten._weight_int8pack_mm(x, weight, scales)`: x (m, k) bfloat16, weight (n, k)
   int8, scales (n,) bfloat16 -> (m, n). Inductor calls it as an extern kernel.
 - `quantized.int4mm_packed_weight_cpu(x, packed, group_size, scales_and_zeros)`:
@@ -17,6 +21,11 @@ Relies on, in torch 2.13-2.15 (checked by tests/test_torch_assumptions.py):
 from __future__ import annotations
 
 import torch
+
+
+def int8_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    result: torch.Tensor = torch._int_mm(a, b)
+    return result
 
 
 def int8_weight_matmul(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
