@@ -19,7 +19,7 @@
 #   ./dev.sh bench-fork [ARGS]  workers forked from a server that loaded the model, against a process each (benchmarks/fork.py)
 #   ./dev.sh bench-embedder [ARGS]  all-MiniLM-L6-v2 (trained) in float32 and int8 against sentence-transformers (benchmarks/sentence_embedder.py)
 #   ./dev.sh bench-battery [ARGS]  the C++ form against the lean form on every battery architecture (benchmarks/battery_forms.py)
-#   ./dev.sh bench-real-decoder [ARGS]  SmolLM2-135M-Instruct (trained) in float32, bfloat16, int8 and int4 weights against transformers and llama.cpp (benchmarks/real_decoder.py; SMOLLM_MODELS="lm_f32 ..." builds only those)
+#   ./dev.sh bench-real-decoder [ARGS]  SmolLM2-135M-Instruct (trained) in float32, bfloat16, int8 and int4 weights and int8-dynamic against transformers and llama.cpp (benchmarks/real_decoder.py; SMOLLM_MODELS="lm_f32 ..." builds only those)
 # TORCH_REQUIREMENT picks the torch for demo, test and bench (default torch==2.13.0);
 # each torch gets its own environment (.venv for the default, .venv-torch-X.Y.Z else).
 set -euo pipefail

