@@ -216,6 +216,8 @@ def test_the_wheel_ships_the_quantized_weights_alone_and_records_their_accuracy(
             assert archive.getinfo(f"lowbit/_precompiled/{entry['weights']['file']}").file_size > quantized
     assert manifest["models"]["decoder_int4"]["quantization"]["group_size"] == 32
     assert manifest["models"]["decoder_int8_dynamic"]["quantization"]["smoothed_on"] == 5  # the example inputs and its 4 steps
+    for artifact in manifest["models"]["decoder_int8_dynamic"]["artifacts"]:  # explain() warns where it runs without VNNI and the check had it
+        assert "vnni" in artifact["accuracy"] and artifact["accuracy"]["precision"]["outputs"], artifact["accuracy"]
     int4_outputs = {name: manifest["models"][name]["quantization"].get("int8") for name, *_ in MODELS_BUILT if name.endswith("int4")}
     assert any(int4_outputs.values()), int4_outputs  # a decoder's output layer stays int8, as llama.cpp keeps it
     assert all(share == 0.5 for name, share in sizes.items() if name.endswith(("int8", "int8_dynamic"))), sizes  # a byte for bfloat16's two
