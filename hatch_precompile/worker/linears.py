@@ -46,10 +46,10 @@ from ..engine.errors import ModelBuildError
 from ..engine.model_config import DEFAULT_INT4_GROUP_SIZE, ModelConfig
 from ..runtime._schema import QuantizationRecord
 from .quantize import TORCHAO_REQUIREMENT
+from .torch_internals import int4_weight_matmul, int8_matmul, int8_weight_matmul
 
 if TYPE_CHECKING:
     from .capture import Call
-from .torch_internals import int4_weight_matmul, int8_matmul, int8_weight_matmul
 
 # llama.cpp's quantize tool keeps the output matrix (or the tied embedding serving
 # as one) of a Q4_0 model at Q6_K, or Q8_0 where its width is no multiple of 256:
