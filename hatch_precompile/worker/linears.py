@@ -181,13 +181,14 @@ def quantize_weights(model: ModelConfig, module: nn.Module, calls: Sequence[Call
         if not as_int8 and not dynamic and (reason := _kernel_refuses(bits, group_size, out_features, in_features)):
             record["left"][name] = reason
             continue
-        weight = layer.weight.detach().to(torch.bfloat16).contiguous()  # Conv1D's is a transposed view; the kernels take rows
+        # Conv1D's is a transposed view; the kernels take rows. int8-dynamic smooths it in float32 first.
+        weight = layer.weight.detach().to(torch.float32 if dynamic else torch.bfloat16).contiguous()
         bias = None if layer.bias is None else layer.bias.detach().to(torch.bfloat16)
         try:
             if as_int8:
                 record["int8"][name] = OUTPUT_IN_INT8
             if dynamic:
-                replacement: nn.Module = _int8_dynamic(int8_tensor, per_row(), layer.weight.detach().float(), bias, ranges.get(id(layer.module)))
+                replacement: nn.Module = _int8_dynamic(int8_tensor, per_row(), weight, bias, ranges.get(id(layer.module)))
             elif bits == 8 or as_int8:
                 quantized = int8_tensor.from_hp(weight, per_row())
                 replacement = Int8WeightOnlyLinear(quantized.qdata, quantized.scale.reshape(-1).to(torch.bfloat16), bias)
