@@ -103,6 +103,8 @@ def test_a_correct_computation_passes_and_three_wrong_builds_fail_at_the_default
         message = caught.value.message
         assert message.startswith(f"output 0 over the build's 3 calls differs from eager {model.quantize or 'bfloat16'}"), (damage.__name__, message)
         assert "> max-error-ratio 3.0" in message and "[tool.hatch.build.hooks.precompile.models.m]" in message, message
+        yardstick = "the same int8 layers with float32 between them" if precision == "int8-dynamic" else "from float32"
+        assert f"rounding alone moves eager {'from ' if precision == 'int8-dynamic' else ''}{yardstick} (" in message, message
 
 
 def test_bounds_against_float32_apply_where_set_and_say_the_key(minilm) -> None:
@@ -117,3 +119,31 @@ def test_bounds_against_float32_apply_where_set_and_say_the_key(minilm) -> None:
         check_calls(strict, ruler, ruler.eager[0], None)
     assert "output 0 against float32 eager on the example inputs: relative error" in caught.value.message
     assert "> max-relative-error 0.001" in caught.value.message
+
+
+def test_an_int8_dynamic_miss_of_a_set_bound_says_what_to_try(minilm) -> None:
+    """int8-dynamic missing a bound the user set: by how much, and its own advice
+    (weight-only int8 keeps the layers' inputs in bfloat16)."""
+    make, calls = minilm
+    model, module = lower("int8-dynamic", make("eager"), calls)
+    strict = ModelConfig(name="m", factory="pkg:factory", dtype="bfloat16", quantize="int8-dynamic", accuracy=type(model.accuracy)(max_relative_error=0.001))
+    eager = run(module, calls)
+    ruler = lower_precision_yardstick(strict, ["on the example inputs", "on call 2", "on call 3"], [], eager, eager, run(make("eager"), calls), run(with_float32_between(module, make("eager")), calls))
+    with pytest.raises(ModelBuildError) as caught:
+        check_calls(strict, ruler, ruler.eager[0], None)
+    assert "output 0 against float32 eager on the example inputs: relative error" in caught.value.message
+    assert "> max-relative-error 0.001" in caught.value.message
+    assert caught.value.message.endswith('or quantize = "int8-weight-only", which keeps the layers\' inputs in bfloat16'), caught.value.message
+
+
+def test_an_example_call_that_fails_while_int8_dynamic_measures_its_inputs_names_the_call() -> None:
+    """The smoothing runs the module on the example calls before capture: a call
+    that fails there stops the build naming the model, the step and the call."""
+    module = nn.Sequential(nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 2)).to(torch.bfloat16)
+    model = ModelConfig(name="m", factory="pkg:factory", dtype="bfloat16", quantize="int8-dynamic")  # type: ignore[arg-type]
+    calls = [((torch.randn(2, 8).to(torch.bfloat16),), {}), ((torch.randn(2, 5).to(torch.bfloat16),), {})]
+    with pytest.raises(ModelBuildError) as caught:
+        quantize_weights(model, module, calls)
+    assert (caught.value.model, caught.value.step) == ("m", "measuring the linear layers' inputs (int8-dynamic)")
+    assert caught.value.message.startswith("call 2 of the example calls failed: RuntimeError: "), caught.value.message  # then torch's words
+    assert all(isinstance(layer, nn.Linear) for layer in (module[0], module[2]))  # nothing half-quantized is left
