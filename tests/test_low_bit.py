@@ -1,7 +1,7 @@
 """Weight-only int8 and int4 (`quantize = "int8-weight-only"`, `"int4-weight-only"`),
 and int8 weights with int8 inputs per call (`"int8-dynamic"`), on decoders with state of tests/stateful (the hand-written one, and GPT-2
 through transformers' export wrapper) and on a stateless
-encoder. Built once with the real hook (torchao at build time), installed in a
+encoder whose blocks feed one input to two layers (quantized as one). Built once with the real hook (torchao at build time), installed in a
 fresh environment with neither torchao, transformers nor a compiler, and run in
 one fresh process: the lean form, the quantized weights alone in the wheel,
 outputs against the same quantization run eagerly, generate (greedy, sampled,
@@ -29,13 +29,25 @@ pytestmark = [pytest.mark.e2e, pytest.mark.standalone]  # a project of its own: 
 
 ENCODER = '''
 
+class Gated(nn.Module):
+    """A gated MLP (SwiGLU's shape): gate and up take the same input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm, self.gate, self.up, self.down = nn.LayerNorm(64), nn.Linear(64, 128), nn.Linear(64, 128, bias=False), nn.Linear(128, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.norm(x)
+        return self.down(F.gelu(self.gate(x)) * self.up(x))
+
+
 class Encoder(nn.Module):
-    """Token embeddings, two residual MLP blocks, mean pooling: stateless."""
+    """Token embeddings, two residual gated MLP blocks, mean pooling: stateless."""
 
     def __init__(self) -> None:
         super().__init__()
         self.embed = nn.Embedding(VOCAB, 64)
-        self.blocks = nn.ModuleList(nn.Sequential(nn.LayerNorm(64), nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 64)) for _ in range(2))
+        self.blocks = nn.ModuleList(Gated() for _ in range(2))
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         x = self.embed(input_ids)
@@ -84,16 +96,17 @@ def _table(name: str, factory: str, scheme: str, group_size: int | None) -> str:
     return f'\n[models.{name}]\n{call}\ndtype = "bfloat16"\nquantize = "{scheme}"{group}\n{UNBOUNDED_TOKENS}\n'
 
 
-PROJECT = (
-    "".join(_table(*model) for model in MODELS_BUILT)
-    + """
-[models.encoder_int8]
+ENCODERS = {"encoder_int8": "int8-weight-only", "encoder_int8_dynamic": "int8-dynamic"}
+PROJECT = "".join(_table(*model) for model in MODELS_BUILT) + "".join(
+    f"""
+[models.{name}]
 factory = "lowbit.models:encoder"
-inputs = [{ shape = ["batch", "seq"], dtype = "int64", range = [0, 256] }]
-dims = { batch = { min = 1, max = 8 }, seq = { min = 1, max = 32 } }
+inputs = [{{ shape = ["batch", "seq"], dtype = "int64", range = [0, 256] }}]
+dims = {{ batch = {{ min = 1, max = 8 }}, seq = {{ min = 1, max = 32 }} }}
 dtype = "bfloat16"
-quantize = "int8-weight-only"
+quantize = "{scheme}"
 """
+    for name, scheme in ENCODERS.items()
 )
 
 
@@ -141,7 +154,7 @@ def _calls() -> dict:
     ids = torch.randint(0, 256, (3, 9), generator=torch.Generator().manual_seed(0))
     lm = ((), {"input_ids": ids[:1], "cache_position": torch.arange(9)})
     calls = {name: ((ids, torch.arange(9)), {}) if factory == "decoder" else lm for name, factory, _, _ in MODELS_BUILT}
-    return {**calls, "encoder_int8": ((ids,), {})}
+    return {**calls, **{name: ((ids,), {}) for name in ENCODERS}}
 
 
 def _eager(name: str, manifest: dict) -> torch.nn.Module:
@@ -162,10 +175,10 @@ def _eager(name: str, manifest: dict) -> torch.nn.Module:
     model = parse_config({"package": "lowbit", "models": tomllib.loads(PROJECT)["models"]}).models[name]
     factory = getattr(models, model.factory.split(":")[1])
     module = factory(dtype=torch.bfloat16) if model.factory.endswith("_in") else factory().to(torch.bfloat16)
-    sys.modules["lowbit.models"] = models  # where the build's example calls come from, for int8-dynamic's smoothing
+    sys.modules["lowbit.models"] = models  # where the build's example calls come from: the layers sharing an input, int8-dynamic's smoothing
     try:
-        calls = example_calls(model) if model.quantize == "int8-dynamic" else ()
-        assert quantize_weights(model, module, calls)["layers"] == manifest["models"][name]["quantization"]["layers"]
+        record = quantize_weights(model, module, example_calls(model))
+        assert {key: record.get(key) for key in ("layers", "shared_input")} == {key: manifest["models"][name]["quantization"].get(key) for key in ("layers", "shared_input")}
     finally:
         del sys.modules["lowbit.models"]
     return module
@@ -195,15 +208,17 @@ def test_the_wheel_ships_the_quantized_weights_alone_and_records_their_accuracy(
     token agreement recorded for the decoders."""
     sizes = {}
     with zipfile.ZipFile(wheel) as archive:
-        for name, *_ in [*MODELS_BUILT, ("encoder_int8",)]:
+        for name in [name for name, *_ in MODELS_BUILT] + list(ENCODERS):
             entry = manifest["models"][name]
             record, specs = entry["quantization"], entry["weights"]["specs"]
             int4_layers = [layer for layer in record["layers"] if record["scheme"] == "int4-weight-only" and layer not in record.get("int8", {})]
+            owner = {member: f"{group}.fused" for group, members in record.get("shared_input", {}).items() for member in members}
+            assert not any(f"{layer}.weight" in specs for layer in record["layers"]), name
             in_bfloat16 = quantized = 0
-            for layer in record["layers"]:
-                suffix = "weight_int4" if layer in int4_layers else "weight_int8"
-                assert f"{layer}.weight" not in specs and specs[f"{layer}.{suffix}"]["dtype"] in ("int8", "uint8"), (name, layer)
-                if layer in int4_layers or record["scheme"] != "int4-weight-only":  # the share of the scheme's own layers
+            for layer in dict.fromkeys(owner.get(layer, layer) for layer in record["layers"]):  # a set sharing an input: one weight
+                suffix = "weight_int4" if layer in int4_layers or layer.endswith(".fused") and record["scheme"] == "int4-weight-only" else "weight_int8"
+                assert specs[f"{layer}.{suffix}"]["dtype"] in ("int8", "uint8"), (name, layer)
+                if suffix == "weight_int4" or record["scheme"] != "int4-weight-only":  # the share of the scheme's own layers
                     shape = specs[f"{layer}.{suffix}"]["shape"]
                     in_bfloat16 += 2 * shape[0] * shape[1] * (2 if suffix == "weight_int4" else 1)
                     quantized += math.prod(shape)
@@ -216,6 +231,9 @@ def test_the_wheel_ships_the_quantized_weights_alone_and_records_their_accuracy(
             assert archive.getinfo(f"lowbit/_precompiled/{entry['weights']['file']}").file_size > quantized
     assert manifest["models"]["decoder_int4"]["quantization"]["group_size"] == 32
     assert manifest["models"]["decoder_int8_dynamic"]["quantization"]["smoothed_on"] == 5  # the example inputs and its 4 steps
+    for name in ENCODERS:  # each block's gate and up, as one layer
+        assert manifest["models"][name]["quantization"]["shared_input"] == {f"blocks.{b}.gate__up": [f"blocks.{b}.gate", f"blocks.{b}.up"] for b in (0, 1)}
+    assert all("shared_input" not in manifest["models"][name]["quantization"] for name, *_ in MODELS_BUILT)  # no two layers there share an input
     for artifact in manifest["models"]["decoder_int8_dynamic"]["artifacts"]:  # explain() warns where it runs without VNNI and the check had it
         assert "vnni" in artifact["accuracy"] and artifact["accuracy"]["precision"]["outputs"], artifact["accuracy"]
     int4_outputs = {name: manifest["models"][name]["quantization"].get("int8") for name, *_ in MODELS_BUILT if name.endswith("int4")}
@@ -227,7 +245,7 @@ def test_the_wheel_ships_the_quantized_weights_alone_and_records_their_accuracy(
 def test_inspect_shows_each_models_state_precision_and_quantized_layers(wheel: Path) -> None:
     shown = subprocess.run([sys.executable, "-m", "hatch_precompile", "inspect", str(wheel)], capture_output=True, text=True, check=True).stdout
     assert "decoder_int4: int4 weights (group size 32), bfloat16 activations; 9 linear layers quantized" in shown, shown
-    assert "encoder_int8: int8 weights, bfloat16 activations; 4 linear layers quantized" in shown, shown
+    assert "encoder_int8: int8 weights, bfloat16 activations; 6 linear layers quantized" in shown, shown
     assert "decoder_int8_dynamic: int8 weights, their inputs rounded to int8 at each call, bfloat16 between them; 9 linear layers quantized" in shown, shown
     assert "state: layers.0.k_cache (4x4x64x16 bfloat16), layers.0.v_cache (4x4x64x16 bfloat16)" in shown, shown
     as_json = json.loads(subprocess.run([sys.executable, "-m", "hatch_precompile", "inspect", "--json", str(wheel)], capture_output=True, text=True, check=True).stdout)

@@ -67,12 +67,13 @@ def dropped(module: nn.Module) -> None:
 def lower(precision: str, module: nn.Module, calls: list[dict[str, torch.Tensor]]) -> tuple[ModelConfig, nn.Module]:
     """The model's configuration and its module in `precision`: bfloat16, with
     int8 or int4 weights (bfloat16 activations), or int8-dynamic (its smoothing
-    measured on `calls`)."""
+    measured on `calls`, which show the layers that share an input)."""
     quantize = {"bfloat16": None, "int8-dynamic": "int8-dynamic"}.get(precision, f"{precision}-weight-only")
     model = ModelConfig(name="m", factory="pkg:factory", dtype="bfloat16", quantize=quantize)  # type: ignore[arg-type]
     module = module.to(torch.bfloat16)
     if quantize:
-        quantize_weights(model, module, [((), call) for call in calls] if quantize == "int8-dynamic" else ())
+        record = quantize_weights(model, module, [((), call) for call in calls])
+        assert len(record["shared_input"]) == len(module.encoder.layer), record  # each layer's query, key and value as one, as a build does
     return model, module
 
 
@@ -144,6 +145,6 @@ def test_an_example_call_that_fails_while_int8_dynamic_measures_its_inputs_names
     calls = [((torch.randn(2, 8).to(torch.bfloat16),), {}), ((torch.randn(2, 5).to(torch.bfloat16),), {})]
     with pytest.raises(ModelBuildError) as caught:
         quantize_weights(model, module, calls)
-    assert (caught.value.model, caught.value.step) == ("m", "measuring the linear layers' inputs (int8-dynamic)")
+    assert (caught.value.model, caught.value.step) == ("m", "running the example calls on the linear layers")
     assert caught.value.message.startswith("call 2 of the example calls failed: RuntimeError: "), caught.value.message  # then torch's words
     assert all(isinstance(layer, nn.Linear) for layer in (module[0], module[2]))  # nothing half-quantized is left

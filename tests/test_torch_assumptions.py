@@ -5,6 +5,7 @@ installed torch. When one of these fails after a torch upgrade, fix that module.
 from __future__ import annotations
 
 import ast
+import copy
 import itertools
 import json
 import os
@@ -858,6 +859,49 @@ def test_a_weight_only_layer_compiles_to_its_kernel_with_no_constant(scheme: str
         torch.testing.assert_close(artifact(*[b for _, b in layer.named_buffers()], x)[0], layer(x), rtol=0.02, atol=0.02)
 
 
+
+class _SharedInput(nn.Module):
+    """Two layers on one input, and a third on another: what a block's q/k/v or gate/up look like."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.gate, self.up, self.other = nn.Linear(32, 48), nn.Linear(32, 16, bias=False), nn.Linear(32, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.gate(x) * 2, self.up(x), self.other(x + 1)], -1)
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_layers_sharing_an_input_capture_as_one_product_and_stay_each_their_own(strict: bool) -> None:
+    """linears.SharedInputLinears relies on torch.export passing one traced tensor
+    to every layer the module hands the same tensor (non-strict: Python runs the
+    forward as written; strict: dynamo keeps the identity, reads no version): one
+    product per group in the graph. Eagerly, a member called with another input,
+    or with its input changed in place since, gets its own product."""
+    from hatch_precompile.engine.model_config import ModelConfig
+    from hatch_precompile.worker.linears import SharedInputPart, quantize_weights
+
+    module = _SharedInput().to(torch.bfloat16)
+    expected_module = copy.deepcopy(module)
+    x = torch.randn(3, 32).to(torch.bfloat16)
+    model = ModelConfig(name="m", factory="pkg:factory", dtype="bfloat16", quantize="int8-weight-only")  # type: ignore[arg-type]
+    record = quantize_weights(model, module, [((x,), {}), ((x[:1],), {})])
+    quantize_weights(model, expected_module, ())  # each layer on its own
+    assert record["shared_input"] == {"gate__up": ["gate", "up"]} and isinstance(module.up, SharedInputPart), record
+    with torch.no_grad():
+        assert torch.equal(module(x), expected_module(x))
+        y = torch.randn(3, 32).to(torch.bfloat16)
+        assert torch.equal(module.up(y), expected_module.up(y)) and torch.equal(module.gate(x), expected_module.gate(x))  # another input each
+        z = x.clone()
+        module.gate(z)
+        z.add_(1)  # changed in place after gate took it: up multiplies what it holds now
+        assert torch.equal(module.up(z), expected_module.up(z))
+    exported = torch.export.export(module.eval(), (x,), strict=strict)
+    products = [node for node in exported.graph.nodes if node.target is torch.ops.aten._weight_int8pack_mm.default]
+    assert len(products) == 2, exported.graph  # gate and up as one, other alone
+    with torch.no_grad():
+        assert torch.equal(exported.module()(x), expected_module(x))
 # -- torch_internals.aoti and the loader's container calls: the C++ form --
 
 

@@ -285,6 +285,7 @@ class QuantizationRecord(TypedDict):
     group_size: NotRequired[int]  # int4: weights per scale and zero point
     int8: NotRequired[dict[str, str]]  # int4: layers stored in int8 instead: name -> why (the output layer)
     smoothed_on: NotRequired[int]  # int8-dynamic: the calls its inputs' smoothing was measured on
+    shared_input: NotRequired[dict[str, list[str]]]  # layers quantized as one, taking the same input: its name -> theirs
 
 
 class ModelEntry(SourceModel):

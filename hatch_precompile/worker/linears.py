@@ -30,11 +30,21 @@ the build's example calls and the weight's column multiplied by it (SmoothQuant,
 Xiao et al. 2023, alpha 0.5), which brings it to 41.3 at no cost per call (the
 division joins the rounding's kernel). The weight is stored smoothed, so the wheel
 ships one int8 copy, as the weights file maps it: no prepacking at load.
+
+Layers that take the same input on every example call (a block's query, key and
+value projections; its gate and up projections) are quantized as one layer of
+their concatenated weights (`SharedInputLinears`): one product per input instead
+of one per layer, and for int8-dynamic one smoothing and one rounding. At batch 1
+a call of a small layer costs about as much in dispatch and threading as in
+reading its weights (docs/performance.md). The identity of the input is what the
+example calls show; at each call the group checks it again, so a module that
+feeds its members different inputs still gets each member's own product.
 """
 
 from __future__ import annotations
 
 import copy
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -139,6 +149,47 @@ class Int4WeightOnlyLinear(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
+class SharedInputLinears(nn.Module):
+    """Linear layers of one parent that take the same input, as one quantized
+    layer (`fused`) of their weights concatenated by rows. Each member is a
+    `SharedInputPart`; the first member called with an input computes every
+    part, the others take theirs (the same tensor object, unchanged since)."""
+
+    def __init__(self, fused: nn.Module, members: list[str], widths: list[int]) -> None:
+        super().__init__()
+        self.fused = fused
+        self.members, self.widths = members, widths  # the members' attribute names on the parent, their widths
+        self._input: torch.Tensor | None = None
+        self._version = 0
+        self._parts: Sequence[torch.Tensor] = ()
+        self._taken = 0
+
+    def part(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        # torch.export's strict capture (dynamo) reads no tensor version; it traces the call as written.
+        tracing = torch.compiler.is_dynamo_compiling()
+        if self._input is not x or (not tracing and self._version != x._version):
+            self._input, self._taken = x, 0
+            self._version = 0 if tracing else x._version
+            self._parts = self.fused(x).split(self.widths, -1)
+        part = self._parts[index].contiguous()
+        self._taken += 1
+        if self._taken == len(self.widths):  # every member served: hold no tensor between calls
+            self._input, self._parts = None, ()
+        return part
+
+
+class SharedInputPart(nn.Module):
+    """A member of a SharedInputLinears: its part of the group's product."""
+
+    def __init__(self, group: SharedInputLinears, index: int) -> None:
+        super().__init__()
+        object.__setattr__(self, "group", group)  # not a submodule: the group's weights have one name, on the parent
+        self.index = index
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.group.part(self.index, x)
+
+
 @dataclass
 class _Layer:
     """A layer to quantize: itself, where it sits, its weight as (out, in) and its bias."""
@@ -153,97 +204,151 @@ class _Layer:
 def quantize_weights(model: ModelConfig, module: nn.Module, calls: Sequence[Call] = ()) -> QuantizationRecord:
     """Replace, in place, each linear layer of the bfloat16 `module` by its
     quantized form; returns what was quantized and what was left in bfloat16
-    (with why), for the manifest. int8-dynamic measures its smoothing on `calls`
-    (the build's example calls, in order: run on a copy, whose state they change)."""
-    step = f"quantizing the weights ({model.quantize})"
-    bits = 4 if model.quantize == "int4-weight-only" else 8
+    (with why), for the manifest. `calls` (the build's example calls, in order:
+    run on a copy, whose state they change) show which layers share an input,
+    and int8-dynamic measures its smoothing on them."""
     dynamic = model.quantize == "int8-dynamic"
-    group_size = model.group_size or DEFAULT_INT4_GROUP_SIZE
-    int8_tensor, int4_tensor, per_row = _torchao(model)
+    scheme = _Scheme(model, *_torchao(model))
     record: QuantizationRecord = {"scheme": str(model.quantize), "layers": [], "left": {}}
-    if bits == 4:
-        record["group_size"] = group_size
+    if scheme.bits == 4:
+        record["group_size"] = scheme.group_size
         record["int8"] = {}
-    ranges = _input_ranges(model, module, calls) if dynamic else {}
+    observed = _observe(model, module, calls)
     if dynamic:
         record["smoothed_on"] = len(calls)
     output_layers = _output_layers(module)
-    replaced: dict[int, nn.Module] = {}  # a layer reached under two names (shared) is quantized once
-    for name, layer in _linear_layers(module):
-        if id(layer.module) in replaced:
-            setattr(layer.parent, layer.attribute, replaced[id(layer.module)])
+    layers = _linear_layers(module)
+    names_of = Counter(id(layer.module) for _, layer in layers)
+    chosen: dict[int, tuple[str, _Layer, bool]] = {}  # by module: its first name, where it sits, whether int8 in an int4 model
+    aliases: list[_Layer] = []  # a layer reached under a second name (shared): quantized once, under its first
+    for name, layer in layers:
+        if id(layer.module) in chosen:
+            aliases.append(layer)
             continue
         out_features, in_features = layer.weight.shape
         if isinstance(layer.parent, nn.MultiheadAttention):
             record["left"][name] = "nn.MultiheadAttention reads this layer's weight itself instead of calling it"
             continue
-        as_int8 = bits == 4 and id(layer.module) in output_layers and not _kernel_refuses(8, group_size, out_features, in_features)
-        if not as_int8 and not dynamic and (reason := _kernel_refuses(bits, group_size, out_features, in_features)):
+        as_int8 = scheme.bits == 4 and id(layer.module) in output_layers and not _kernel_refuses(8, scheme.group_size, out_features, in_features)
+        if not as_int8 and not dynamic and (reason := _kernel_refuses(scheme.bits, scheme.group_size, out_features, in_features)):
             record["left"][name] = reason
             continue
-        # Conv1D's is a transposed view; the kernels take rows. int8-dynamic smooths it in float32 first.
-        weight = layer.weight.detach().to(torch.float32 if dynamic else torch.bfloat16).contiguous()
-        bias = None if layer.bias is None else layer.bias.detach().to(torch.bfloat16)
-        try:
-            if as_int8:
-                record["int8"][name] = OUTPUT_IN_INT8
-            if dynamic:
-                replacement: nn.Module = _int8_dynamic(int8_tensor, per_row(), weight, bias, ranges.get(id(layer.module)))
-            elif bits == 8 or as_int8:
-                quantized = int8_tensor.from_hp(weight, per_row())
-                replacement = Int8WeightOnlyLinear(quantized.qdata, quantized.scale.reshape(-1).to(torch.bfloat16), bias)
-            else:
-                quantized = int4_tensor.from_hp(weight, [1, group_size])
-                replacement = Int4WeightOnlyLinear(quantized.qdata, quantized.scale_and_zero, group_size, out_features, bias)
-        except Exception as error:
-            raise ModelBuildError(model.name, step, f"torchao failed on layer {name} ({out_features}x{in_features}): {type(error).__name__}: {error}") from None
-        setattr(layer.parent, layer.attribute, replacement)
-        replaced[id(layer.module)] = replacement
+        if as_int8:
+            record["int8"][name] = OUTPUT_IN_INT8
+        chosen[id(layer.module)] = name, layer, as_int8
         record["layers"].append(name)
     if not record["layers"]:
         found = f"; left in bfloat16: {record['left']}" if record["left"] else ""
-        raise ModelBuildError(model.name, step, f"the module has no linear layer (nn.Linear, or transformers' Conv1D) to quantize{found}; remove `quantize`")
+        raise ModelBuildError(model.name, f"quantizing the weights ({model.quantize})", f"the module has no linear layer (nn.Linear, or transformers' Conv1D) to quantize{found}; remove `quantize`")
+    sets = _sets_sharing_an_input(scheme, {name: layer for name, layer, as_int8 in chosen.values() if not as_int8 and names_of[id(layer.module)] == 1}, observed)
+    in_sets = {name for names in sets.values() for name, _ in names}
+    replacements = {}
+    for name, layer, as_int8 in chosen.values():
+        if name not in in_sets:
+            replacements[id(layer.module)] = replacement = _quantized(model, scheme, [(name, layer)], observed, as_int8)
+            setattr(layer.parent, layer.attribute, replacement)
+    for layer in aliases:
+        setattr(layer.parent, layer.attribute, replacements[id(layer.module)])
+    for set_name, members in sets.items():
+        group = SharedInputLinears(_quantized(model, scheme, members, observed), [layer.attribute for _, layer in members], [layer.weight.shape[0] for _, layer in members])
+        parent = members[0][1].parent
+        parent.add_module(set_name.rpartition(".")[2], group)
+        for index, (_, layer) in enumerate(members):
+            setattr(parent, layer.attribute, SharedInputPart(group, index))
+    if sets:
+        record["shared_input"] = {set_name: [name for name, _ in members] for set_name, members in sets.items()}
     return record
 
 
 def with_float32_between(quantized: nn.Module, float32: nn.Module) -> nn.Module:
     """A copy of the float32 module with each int8-dynamic layer of `quantized`
     (the same model in bfloat16) in place of its own, the int8 weights shared and
-    the bias in float32: the same int8 computation with float32 between the int8
-    products (worker/accuracy.py measures bfloat16's rounding against it)."""
+    the bias in float32, and its layers that share an input shared the same way:
+    the same int8 computation with float32 between the int8 products
+    (worker/accuracy.py measures bfloat16's rounding against it)."""
+
+    def in_float32(layer: Int8DynamicLinear) -> Int8DynamicLinear:
+        return Int8DynamicLinear(layer.weight_int8, layer.scales, layer.unsmoothing, None if layer.bias is None else layer.bias.float())
+
     twin = copy.deepcopy(float32)
     for name, layer in _linear_layers(twin):
         ours = quantized.get_submodule(name)
         if isinstance(ours, Int8DynamicLinear):
-            bias = None if ours.bias is None else ours.bias.float()
-            setattr(layer.parent, layer.attribute, Int8DynamicLinear(ours.weight_int8, ours.scales, ours.unsmoothing, bias))
+            setattr(layer.parent, layer.attribute, in_float32(ours))
+    for name, group in quantized.named_modules():
+        if isinstance(group, SharedInputLinears) and isinstance(group.fused, Int8DynamicLinear):
+            parent_name, _, attribute = name.rpartition(".")
+            parent = twin.get_submodule(parent_name)
+            copied = SharedInputLinears(in_float32(group.fused), group.members, group.widths)
+            parent.add_module(attribute, copied)
+            for index, member in enumerate(group.members):
+                setattr(parent, member, SharedInputPart(copied, index))
     return twin
 
 
-def _int8_dynamic(int8_tensor: Any, per_row: Any, weight: torch.Tensor, bias: torch.Tensor | None, input_range: torch.Tensor | None) -> Int8DynamicLinear:
-    """A layer of float32 `weight` (out, in) as an Int8DynamicLinear, smoothed by
-    the largest magnitude of each input channel over the example calls (not where
-    they never reached it)."""
-    smoothing = torch.ones(weight.shape[1])
-    if input_range is not None:
-        reach = weight.abs().amax(0).clamp(min=TINY)
-        smoothing = (input_range.clamp(min=TINY) ** SMOOTHING_ALPHA / reach ** (1 - SMOOTHING_ALPHA)).clamp(min=TINY)
-    quantized = int8_tensor.from_hp((weight * smoothing).contiguous(), per_row)
-    return Int8DynamicLinear(quantized.qdata, quantized.scale.reshape(-1).float(), 1 / smoothing, bias)
+@dataclass
+class _Scheme:
+    """How one model's linear layers are quantized: torchao's tensors, the bits
+    and the int4 group size."""
+
+    model: ModelConfig
+    int8_tensor: Any
+    int4_tensor: Any
+    per_row: Any
+
+    @property
+    def bits(self) -> int:
+        return 4 if self.model.quantize == "int4-weight-only" else 8
+
+    @property
+    def group_size(self) -> int:
+        return self.model.group_size or DEFAULT_INT4_GROUP_SIZE
+
+    def layer(self, weight: torch.Tensor, bias: torch.Tensor | None, input_range: torch.Tensor | None, as_int8: bool = False) -> nn.Module:
+        """The quantized layer of `weight` (out, in): int8-dynamic's smoothed by
+        `input_range` (the largest magnitude of each input channel over the
+        example calls; None where they never reached it)."""
+        bias = None if bias is None else bias.to(torch.bfloat16)
+        if self.model.quantize == "int8-dynamic":  # smoothed in float32
+            smoothing = torch.ones(weight.shape[1])
+            if input_range is not None:
+                reach = weight.abs().amax(0).clamp(min=TINY)
+                smoothing = (input_range.clamp(min=TINY) ** SMOOTHING_ALPHA / reach ** (1 - SMOOTHING_ALPHA)).clamp(min=TINY)
+            quantized = self.int8_tensor.from_hp((weight * smoothing).contiguous(), self.per_row())
+            return Int8DynamicLinear(quantized.qdata, quantized.scale.reshape(-1).float(), 1 / smoothing, bias)
+        weight = weight.to(torch.bfloat16)
+        if self.bits == 8 or as_int8:
+            quantized = self.int8_tensor.from_hp(weight, self.per_row())
+            return Int8WeightOnlyLinear(quantized.qdata, quantized.scale.reshape(-1).to(torch.bfloat16), bias)
+        quantized = self.int4_tensor.from_hp(weight, [1, self.group_size])
+        return Int4WeightOnlyLinear(quantized.qdata, quantized.scale_and_zero, self.group_size, weight.shape[0], bias)
 
 
-def _input_ranges(model: ModelConfig, module: nn.Module, calls: Sequence[Call]) -> dict[int, torch.Tensor]:
-    """Each linear layer's (by id in `module`) largest input magnitude per channel
-    over `calls`, run in order on a copy of `module`."""
+@dataclass
+class _Observed:
+    """What the example calls showed of each linear layer (by id in the module):
+    the largest magnitude of each of its input channels, and the identity of
+    its inputs, call by call (`id`s of tensors alive together within a call)."""
+
+    ranges: dict[int, torch.Tensor]
+    inputs: dict[int, tuple[tuple[int, ...], ...]]
+
+
+def _observe(model: ModelConfig, module: nn.Module, calls: Sequence[Call]) -> _Observed:
+    """Run `calls` in order on a copy of `module`, watching its linear layers' inputs."""
+    observed = _Observed({}, {})
+    if not calls:
+        return observed
     twin = copy.deepcopy(module)
     originals = {id(twin_layer.module): id(layer.module) for (_, twin_layer), (_, layer) in zip(_linear_layers(twin), _linear_layers(module))}
-    ranges: dict[int, torch.Tensor] = {}
+    seen: dict[int, list[torch.Tensor]] = {key: [] for key in originals.values()}  # held within a call: no id reused
 
     def record(layer: nn.Module, inputs: tuple[Any, ...]) -> None:
-        x = inputs[0].detach().float()
-        seen = x.reshape(-1, x.shape[-1]).abs().amax(0)
         key = originals[id(layer)]
-        ranges[key] = torch.maximum(ranges[key], seen) if key in ranges else seen
+        seen[key].append(inputs[0])
+        x = inputs[0].detach().float()
+        reached = x.reshape(-1, x.shape[-1]).abs().amax(0)
+        observed.ranges[key] = torch.maximum(observed.ranges[key], reached) if key in observed.ranges else reached
 
     hooks = [twin_layer.module.register_forward_pre_hook(record) for _, twin_layer in _linear_layers(twin)]
     try:
@@ -252,11 +357,48 @@ def _input_ranges(model: ModelConfig, module: nn.Module, calls: Sequence[Call]) 
                 try:
                     twin(*args, **kwargs)
                 except Exception as error:
-                    raise ModelBuildError(model.name, "measuring the linear layers' inputs (int8-dynamic)", f"call {index + 1} of the example calls failed: {type(error).__name__}: {error}") from None
+                    raise ModelBuildError(model.name, "running the example calls on the linear layers", f"call {index + 1} of the example calls failed: {type(error).__name__}: {error}") from None
+                for key, tensors in seen.items():
+                    observed.inputs[key] = (*observed.inputs.get(key, ()), tuple(id(tensor) for tensor in tensors))
+                    tensors.clear()
     finally:
         for hook in hooks:
             hook.remove()
-    return ranges
+    return observed
+
+
+def _sets_sharing_an_input(scheme: _Scheme, layers: dict[str, _Layer], observed: _Observed) -> dict[str, list[tuple[str, _Layer]]]:
+    """The sets of two or more `layers` of one parent that took the same inputs on
+    every example call and that the scheme's kernel takes as one, by the name the
+    set's layer gets (its members' attribute names joined by "__" on the parent)."""
+    candidates: dict[tuple[int, tuple[tuple[int, ...], ...]], list[tuple[str, _Layer]]] = {}
+    for name, layer in layers.items():
+        inputs = observed.inputs.get(id(layer.module), ())
+        if any(inputs):
+            candidates.setdefault((id(layer.parent), inputs), []).append((name, layer))
+    sets = {}
+    for members in candidates.values():
+        out_features = sum(layer.weight.shape[0] for _, layer in members)
+        if len(members) > 1 and not _kernel_refuses(scheme.bits, scheme.group_size, out_features, members[0][1].weight.shape[1]):
+            prefix = members[0][0].rpartition(".")[0]
+            attribute = "__".join(layer.attribute for _, layer in members)
+            sets[f"{prefix}.{attribute}" if prefix else attribute] = members
+    return sets
+
+
+def _quantized(model: ModelConfig, scheme: _Scheme, members: list[tuple[str, _Layer]], observed: _Observed, as_int8: bool = False) -> nn.Module:
+    """The scheme's layer of the members' weights (one layer, or a set sharing an
+    input: their weights and biases concatenated by rows, a zero bias where a
+    member has none), as float32 rows (Conv1D's weight is a transposed view)."""
+    weight = torch.cat([layer.weight.detach().float() for _, layer in members])
+    bias = None
+    if any(layer.bias is not None for _, layer in members):
+        bias = torch.cat([torch.zeros(layer.weight.shape[0]) if layer.bias is None else layer.bias.detach().float() for _, layer in members])
+    try:
+        return scheme.layer(weight, bias, observed.ranges.get(id(members[0][1].module)), as_int8)
+    except Exception as error:
+        which = f"layer {members[0][0]}" if len(members) == 1 else f"layers {', '.join(name for name, _ in members)} as one"
+        raise ModelBuildError(model.name, f"quantizing the weights ({model.quantize})", f"torchao failed on {which} ({weight.shape[0]}x{weight.shape[1]}): {type(error).__name__}: {error}") from None
 
 
 def _output_layers(module: nn.Module) -> set[int]:

@@ -116,14 +116,15 @@ def _produce_variants(request: WorkerRequest) -> _Compiled:
         if reference is not None and not dynamic:  # its bfloat16 rounding is the yardstick of the compiled model's (worker/accuracy.py)
             unquantized = copy.deepcopy(module)
         with _step(model.name, f"quantized its linear layers' weights with torchao ({model.quantize})"):
-            quantization = quantize_weights(model, module, example_calls(model) if dynamic else ())
+            quantization = quantize_weights(model, module, example_calls(model))
         if reference is not None and dynamic:
             float32_quantized = with_float32_between(module, reference)
         left = f"; left in bfloat16: {quantization['left']}" if quantization["left"] else ""
         int8 = quantization.get("int8", {})
         kept = f" ({', '.join(int8)} in int8: {next(iter(int8.values()))})" if int8 else ""
         smoothed = f", their inputs smoothed as measured on {quantization['smoothed_on']} example call(s) and rounded to int8 at each call" if "smoothed_on" in quantization else ""
-        _report(model.name, f"{len(quantization['layers'])} linear layers hold {quantization['scheme'].split('-')[0]} weights{smoothed}{kept}{left}")
+        shared = f"; {len(quantization['shared_input'])} sets of layers taking one input quantized as one" if "shared_input" in quantization else ""
+        _report(model.name, f"{len(quantization['layers'])} linear layers hold {quantization['scheme'].split('-')[0]} weights{smoothed}{kept}{left}{shared}")
     produced: list[ProducedArtifact] = []
     first: tuple[Captured, WeightsEntry] | None = None
     op_libraries: dict[str, str] = {}
