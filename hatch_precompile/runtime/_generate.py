@@ -191,7 +191,7 @@ def last_logits(output: Any, batch: int, kind: ArrayKind) -> Any:
 def next_token(logits: Any, how: TokenChoice, kind: ArrayKind) -> Any:
     """The chosen token of each row of `logits` (batch, vocab)."""
     if not how.sample:
-        return logits.argmax(-1)
+        return kind.argmax(logits)
     if kind.NAME == "torch":
         import torch
 
