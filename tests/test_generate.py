@@ -86,6 +86,20 @@ def test_greedy_tokens_are_the_decoders_own_loop_and_stream_yields_them_one_by_o
     assert torch.equal(last.generate(ids, 10), torch.stack(expected, 1))
 
 
+def test_greedy_takes_the_first_largest_logit_in_bfloat16_and_float16_as_in_float32() -> None:
+    """The greedy choice widens half-precision logits before its argmax (torch's
+    argmax over bfloat16 is a scalar loop): the same index, ties to the first."""
+    generator = torch.Generator().manual_seed(0)
+    rows = torch.randn(3, 49152, generator=generator)
+    rows[1, 7] = rows[1, 4000] = rows[1].max() + 1  # a tie: the first one wins
+    for kind in (array_kind("torch"), array_kind("numpy")):
+        for dtype in (torch.bfloat16, torch.float16, torch.float32):
+            half = rows.to(dtype)
+            expected = half.float().argmax(-1)
+            chosen = kind.argmax(half if kind.NAME == "torch" else half.float().numpy().astype("float16" if dtype == torch.float16 else "float32"))
+            assert torch.equal(torch.as_tensor(chosen), expected) and int(chosen[1]) == 7, (kind.NAME, dtype, chosen)
+
+
 @pytest.mark.parametrize(("temperature", "top_k", "top_p"), [(1.0, None, None), (0.7, 50, None), (1.3, None, 0.9), (0.8, 20, 0.8), (1.0, 1, None), (1.0, None, 1e-6)])
 def test_sampling_draws_from_transformers_distribution(temperature: float, top_k: int | None, top_p: float | None) -> None:
     from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
