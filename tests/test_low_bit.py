@@ -245,7 +245,7 @@ def test_the_wheel_ships_the_quantized_weights_alone_and_records_their_accuracy(
 def test_inspect_shows_each_models_state_precision_and_quantized_layers(wheel: Path) -> None:
     shown = subprocess.run([sys.executable, "-m", "hatch_precompile", "inspect", str(wheel)], capture_output=True, text=True, check=True).stdout
     assert "decoder_int4: int4 weights (group size 32), bfloat16 activations; 9 linear layers quantized" in shown, shown
-    assert "encoder_int8: int8 weights, bfloat16 activations; 6 linear layers quantized" in shown, shown
+    assert "encoder_int8: int8 weights, bfloat16 activations; 6 linear layers quantized (2 sets taking one input, each multiplied as one)" in shown, shown
     assert "decoder_int8_dynamic: int8 weights, their inputs rounded to int8 at each call, bfloat16 between them; 9 linear layers quantized" in shown, shown
     assert "state: layers.0.k_cache (4x4x64x16 bfloat16), layers.0.v_cache (4x4x64x16 bfloat16)" in shown, shown
     as_json = json.loads(subprocess.run([sys.executable, "-m", "hatch_precompile", "inspect", "--json", str(wheel)], capture_output=True, text=True, check=True).stdout)

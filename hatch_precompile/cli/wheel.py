@@ -186,6 +186,7 @@ def _model_rows(manifest: Manifest) -> dict[str, dict[str, Any]]:
             "quantized_layers": quantization["layers"] if quantization else [],
             "left_in_bfloat16": quantization["left"] if quantization else {},
             "group_size": quantization.get("group_size") if quantization else None,
+            "shared_input": quantization.get("shared_input", {}) if quantization else {},
             "state": state,
             "state_bytes_per_handle": sum(s["bytes"] for s in state),
             "without_torch": _without_torch(model),
@@ -221,7 +222,8 @@ def _precision_text(model: dict[str, Any]) -> str:
     group = f" (group size {model['group_size']})" if model["group_size"] else ""
     left = f", {len(model['left_in_bfloat16'])} left in bfloat16" if model["left_in_bfloat16"] else ""
     inputs = "their inputs rounded to int8 at each call, bfloat16 between them" if precision == "int8-dynamic" else "bfloat16 activations"
-    return f"{precision.split('-')[0]} weights{group}, {inputs}; {len(model['quantized_layers'])} linear layers quantized{left}"
+    shared = f" ({len(model['shared_input'])} sets taking one input, each multiplied as one)" if model["shared_input"] else ""
+    return f"{precision.split('-')[0]} weights{group}, {inputs}; {len(model['quantized_layers'])} linear layers quantized{shared}{left}"
 
 
 def _wheel_summary(wheel: Wheel, manifest: Manifest) -> dict[str, Any]:
