@@ -216,7 +216,7 @@ def test_the_wheel_ships_the_quantized_weights_alone_and_records_their_accuracy(
             assert not any(f"{layer}.weight" in specs for layer in record["layers"]), name
             in_bfloat16 = quantized = 0
             for layer in dict.fromkeys(owner.get(layer, layer) for layer in record["layers"]):  # a set sharing an input: one weight
-                suffix = "weight_int4" if layer in int4_layers or layer.endswith(".fused") and record["scheme"] == "int4-weight-only" else "weight_int8"
+                suffix = "weight_int4" if layer in int4_layers or (layer.endswith(".fused") and record["scheme"] == "int4-weight-only") else "weight_int8"
                 assert specs[f"{layer}.{suffix}"]["dtype"] in ("int8", "uint8"), (name, layer)
                 if suffix == "weight_int4" or record["scheme"] != "int4-weight-only":  # the share of the scheme's own layers
                     shape = specs[f"{layer}.{suffix}"]["shape"]

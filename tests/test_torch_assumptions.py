@@ -859,7 +859,6 @@ def test_a_weight_only_layer_compiles_to_its_kernel_with_no_constant(scheme: str
         torch.testing.assert_close(artifact(*[b for _, b in layer.named_buffers()], x)[0], layer(x), rtol=0.02, atol=0.02)
 
 
-
 class _SharedInput(nn.Module):
     """Two layers on one input, and a third on another: what a block's q/k/v or gate/up look like."""
 
@@ -902,6 +901,8 @@ def test_layers_sharing_an_input_capture_as_one_product_and_stay_each_their_own(
     assert len(products) == 2, exported.graph  # gate and up as one, other alone
     with torch.no_grad():
         assert torch.equal(exported.module()(x), expected_module(x))
+
+
 # -- torch_internals.aoti and the loader's container calls: the C++ form --
 
 

@@ -181,6 +181,8 @@ class SharedInputLinears(nn.Module):
 class SharedInputPart(nn.Module):
     """A member of a SharedInputLinears: its part of the group's product."""
 
+    group: SharedInputLinears
+
     def __init__(self, group: SharedInputLinears, index: int) -> None:
         super().__init__()
         object.__setattr__(self, "group", group)  # not a submodule: the group's weights have one name, on the parent
