@@ -164,6 +164,12 @@ class SharedInputLinears(nn.Module):
         self._parts: Sequence[torch.Tensor] = ()
         self._taken = 0
 
+    def install(self, parent: nn.Module, attribute: str) -> None:
+        """Put the set on `parent` as `attribute`, and each member's part in its place."""
+        parent.add_module(attribute, self)
+        for index, member in enumerate(self.members):
+            setattr(parent, member, SharedInputPart(self, index))
+
     def part(self, index: int, x: torch.Tensor) -> torch.Tensor:
         # torch.export's strict capture (dynamo) reads no tensor version; it traces the call as written.
         tracing = torch.compiler.is_dynamo_compiling()
@@ -215,7 +221,7 @@ def quantize_weights(model: ModelConfig, module: nn.Module, calls: Sequence[Call
     if scheme.bits == 4:
         record["group_size"] = scheme.group_size
         record["int8"] = {}
-    observed = _observe(model, module, calls)
+    observed = _observe(model, module, calls, measure_ranges=dynamic)
     if dynamic:
         record["smoothed_on"] = len(calls)
     output_layers = _output_layers(module)
@@ -253,10 +259,7 @@ def quantize_weights(model: ModelConfig, module: nn.Module, calls: Sequence[Call
         setattr(layer.parent, layer.attribute, replacements[id(layer.module)])
     for set_name, members in sets.items():
         group = SharedInputLinears(_quantized(model, scheme, members, observed), [layer.attribute for _, layer in members], [layer.weight.shape[0] for _, layer in members])
-        parent = members[0][1].parent
-        parent.add_module(set_name.rpartition(".")[2], group)
-        for index, (_, layer) in enumerate(members):
-            setattr(parent, layer.attribute, SharedInputPart(group, index))
+        group.install(members[0][1].parent, set_name.rpartition(".")[2])
     if sets:
         record["shared_input"] = {set_name: [name for name, _ in members] for set_name, members in sets.items()}
     return record
@@ -281,10 +284,7 @@ def with_float32_between(quantized: nn.Module, float32: nn.Module) -> nn.Module:
         if isinstance(group, SharedInputLinears) and isinstance(group.fused, Int8DynamicLinear):
             parent_name, _, attribute = name.rpartition(".")
             parent = twin.get_submodule(parent_name)
-            copied = SharedInputLinears(in_float32(group.fused), group.members, group.widths)
-            parent.add_module(attribute, copied)
-            for index, member in enumerate(group.members):
-                setattr(parent, member, SharedInputPart(copied, index))
+            SharedInputLinears(in_float32(group.fused), group.members, group.widths).install(parent, attribute)
     return twin
 
 
@@ -329,15 +329,17 @@ class _Scheme:
 @dataclass
 class _Observed:
     """What the example calls showed of each linear layer (by id in the module):
-    the largest magnitude of each of its input channels, and the identity of
-    its inputs, call by call (`id`s of tensors alive together within a call)."""
+    the identity of its inputs, call by call (`id`s of tensors alive together
+    within a call), and where measured the largest magnitude of each of its input
+    channels."""
 
     ranges: dict[int, torch.Tensor]
     inputs: dict[int, tuple[tuple[int, ...], ...]]
 
 
-def _observe(model: ModelConfig, module: nn.Module, calls: Sequence[Call]) -> _Observed:
-    """Run `calls` in order on a copy of `module`, watching its linear layers' inputs."""
+def _observe(model: ModelConfig, module: nn.Module, calls: Sequence[Call], measure_ranges: bool) -> _Observed:
+    """Run `calls` in order on a copy of `module`, watching which tensors its linear
+    layers take and, with `measure_ranges` (int8-dynamic's smoothing), their ranges."""
     observed = _Observed({}, {})
     if not calls:
         return observed
@@ -348,6 +350,8 @@ def _observe(model: ModelConfig, module: nn.Module, calls: Sequence[Call]) -> _O
     def record(layer: nn.Module, inputs: tuple[Any, ...]) -> None:
         key = originals[id(layer)]
         seen[key].append(inputs[0])
+        if not measure_ranges:
+            return
         x = inputs[0].detach().float()
         reached = x.reshape(-1, x.shape[-1]).abs().amax(0)
         observed.ranges[key] = torch.maximum(observed.ranges[key], reached) if key in observed.ranges else reached
