@@ -199,6 +199,10 @@ def call(model, ids, first):
     return model(input_ids=torch.tensor([ids]), cache_position=torch.arange(first, first + len(ids)))
 
 
+def next_token(logits):  # the last position's most likely token, widened to float32 as `generate` takes it
+    return int(logits[0, -1].float().argmax())
+
+
 def peak_rss_mb():
     with open("/proc/self/status") as status:
         return next(int(line.split()[1]) / 1024 for line in status if line.startswith("VmHWM:"))
@@ -209,14 +213,14 @@ with torch.no_grad():
     if mode == "speed":
         initial = {name: buffer.clone() for name, buffer in model.named_buffers()} if spec["kind"] == "eager" else None
         prompt = spec["prompt_ids"]
-        token = int(call(model, prompt, 0)[0, -1].float().argmax())
+        token = next_token(call(model, prompt, 0))
         first = time.perf_counter() - start
         imported = [name for name in spec["watched"] if name in sys.modules]
         tokens, steps = [], []
         for position in range(len(prompt), len(prompt) + spec["new_tokens"]):
             tokens.append(token)
             t = time.perf_counter()
-            token = int(call(model, [token], position)[0, -1].float().argmax())
+            token = next_token(call(model, [token], position))
             steps.append(time.perf_counter() - t)
         if initial is None:  # prefill again from an empty cache, warm: the handle's own reset
             model.reset()
@@ -224,7 +228,7 @@ with torch.no_grad():
             for name, buffer in model.named_buffers():
                 buffer.copy_(initial[name])
         t = time.perf_counter()
-        int(call(model, prompt, 0)[0, -1].float().argmax())
+        next_token(call(model, prompt, 0))
         prefill = time.perf_counter() - t
         print(json.dumps({"first": first, "step": sorted(steps)[len(steps) // 2], "prefill": prefill, "tokens": tokens, "rss": peak_rss_mb(), "imported": imported}))
     else:  # the text teacher-forced, then greedy on each chat prompt
@@ -241,9 +245,9 @@ with torch.no_grad():
                 continue
             for name, buffer in model.named_buffers():  # eager: back to the initial cache
                 buffer.copy_(initial[name])
-            tokens = [int(call(model, chat, 0)[0, -1].float().argmax())]
+            tokens = [next_token(call(model, chat, 0))]
             for position in range(len(chat), len(chat) + spec["greedy"] - 1):
-                tokens.append(int(call(model, [tokens[-1]], position)[0, -1].float().argmax()))
+                tokens.append(next_token(call(model, [tokens[-1]], position)))
             greedy.append(tokens)
         print(json.dumps({"greedy": greedy}))
 """
@@ -265,6 +269,10 @@ def call(ids, first):
     return model(input_ids=np.asarray([ids], dtype=np.int64), cache_position=np.arange(first, first + len(ids), dtype=np.int64))
 
 
+def next_token(logits):
+    return int(logits[0, -1].astype(np.float32).argmax())  # as the torch script's
+
+
 def peak_rss_mb():
     with open("/proc/self/status") as status:
         return next(int(line.split()[1]) / 1024 for line in status if line.startswith("VmHWM:"))
@@ -272,17 +280,17 @@ def peak_rss_mb():
 
 if mode == "speed":
     prompt = spec["prompt_ids"]
-    token = int(call(prompt, 0)[0, -1].astype(np.float32).argmax())
+    token = next_token(call(prompt, 0))
     first = time.perf_counter() - start
     tokens, steps = [], []
     for position in range(len(prompt), len(prompt) + spec["new_tokens"]):
         tokens.append(token)
         t = time.perf_counter()
-        token = int(call([token], position)[0, -1].astype(np.float32).argmax())
+        token = next_token(call([token], position))
         steps.append(time.perf_counter() - t)
     model.reset()  # prefill again from an empty cache, warm
     t = time.perf_counter()
-    int(call(prompt, 0)[0, -1].astype(np.float32).argmax())
+    next_token(call(prompt, 0))
     prefill = time.perf_counter() - t
     result = {"first": first, "step": sorted(steps)[len(steps) // 2], "prefill": prefill, "tokens": tokens, "rss": peak_rss_mb()}
 else:
