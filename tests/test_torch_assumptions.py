@@ -873,7 +873,7 @@ class _SharedInput(nn.Module):
 
 @pytest.mark.parametrize("strict", [False, True])
 def test_layers_sharing_an_input_capture_as_one_product_and_stay_each_their_own(strict: bool) -> None:
-    """linears.SharedInputLinears relies on torch.export passing one traced tensor
+    """linears.SharedInputLinears (with torch_internals.tensor_version) relies on torch.export passing one traced tensor
     to every layer the module hands the same tensor (non-strict: Python runs the
     forward as written; strict: dynamo keeps the identity, reads no version): one
     product per group in the graph. Eagerly, a member called with another input,

@@ -56,7 +56,7 @@ from ..engine.errors import ModelBuildError
 from ..engine.model_config import DEFAULT_INT4_GROUP_SIZE, ModelConfig
 from ..runtime._schema import QuantizationRecord
 from .quantize import TORCHAO_REQUIREMENT
-from .torch_internals import int4_weight_matmul, int8_matmul, int8_weight_matmul
+from .torch_internals import int4_weight_matmul, int8_matmul, int8_weight_matmul, tensor_version
 
 if TYPE_CHECKING:
     from .capture import Call
@@ -160,7 +160,7 @@ class SharedInputLinears(nn.Module):
         self.fused = fused
         self.members, self.widths = members, widths  # the members' attribute names on the parent, their widths
         self._input: torch.Tensor | None = None
-        self._version = 0
+        self._input_version: int | None = None
         self._parts: Sequence[torch.Tensor] = ()
         self._taken = 0
 
@@ -171,11 +171,9 @@ class SharedInputLinears(nn.Module):
             setattr(parent, member, SharedInputPart(self, index))
 
     def part(self, index: int, x: torch.Tensor) -> torch.Tensor:
-        # torch.export's strict capture (dynamo) reads no tensor version; it traces the call as written.
-        tracing = torch.compiler.is_dynamo_compiling()
-        if self._input is not x or (not tracing and self._version != x._version):
-            self._input, self._taken = x, 0
-            self._version = 0 if tracing else x._version
+        version = tensor_version(x)
+        if self._input is not x or self._input_version != version:
+            self._input, self._input_version, self._taken = x, version, 0
             self._parts = self.fused(x).split(self.widths, -1)
         part = self._parts[index].contiguous()
         self._taken += 1

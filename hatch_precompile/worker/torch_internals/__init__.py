@@ -6,7 +6,7 @@ this package does not. Each module says what it relies on, and
 torch, so that a torch upgrade touches this package alone:
 
 - `export`: decomposing an export graph, reading its constraint violations,
-  pytrees and the Python custom ops it calls;
+  pytrees and the Python custom ops it calls, a tensor's in-place version;
 - `inductor`: compiling with `standalone_compile(aot=True)`, the graph counters,
   and what a compiled artifact holds (its output module, its wrapper's work);
 - `kernels`: the C++ compiler's outputs: kernels built against the stable ABI
@@ -19,7 +19,7 @@ The rest of the worker imports the names below from here.
 """
 
 from .aoti import TORCH_FREE_CONFIG, aliased_output, compile_container, container_constants, returned_inputs
-from .export import LAZY_DECOMPOSITION_MODULES, DimFix, attention_as_float32_math, constraint_fixes, decompose, python_op_libraries, tree_leaves, tree_map, treespec_to_json
+from .export import LAZY_DECOMPOSITION_MODULES, DimFix, attention_as_float32_math, constraint_fixes, decompose, python_op_libraries, tensor_version, tree_leaves, tree_map, treespec_to_json
 from .frozen import FrozenGraph, compile_frozen, is_onednn_packed, pre_grad_pass_kept
 from .inductor import compile_exported, extern_kernel_is_torch_function, output_module, save_artifact, start_model, torch_key, wrapper_work
 from .kernels import STABLE_ABI_PRELUDE, TORCH_PATH_MAP, captured_kernels, compiler_outputs_in, precompiled_headers_in, probe_vector_isas_in, pybinding_kernel_key, vector_isa
@@ -56,6 +56,7 @@ __all__ = [
     "returned_inputs",
     "save_artifact",
     "start_model",
+    "tensor_version",
     "torch_key",
     "tree_leaves",
     "tree_map",

@@ -210,3 +210,12 @@ def treespec_to_json(spec: Any) -> TreeSpec:
 
 def _import_path(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def tensor_version(tensor: torch.Tensor) -> int | None:
+    """`tensor._version`, the counter every in-place change bumps (private: what
+    autograd's own saved-tensor checks read), or None while dynamo traces (strict
+    torch.export), which cannot guard on it: there the call runs as written, once."""
+    if torch.compiler.is_dynamo_compiling():
+        return None
+    return int(tensor._version)
